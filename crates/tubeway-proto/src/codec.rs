@@ -1,0 +1,693 @@
+//! The wire codec: one message per frame.
+//!
+//! ```text
+//! prefix (12 bytes)
+//!   0..2   magic        0x54 0x57 ("TW")
+//!   2      version      1
+//!   3      flags        bit 0: payload compressed (reserved; must be 0 in v1)
+//!                       bits 1-7: reserved, must be 0
+//!   4..8   frame_len    u32 LE: the whole frame, prefix included
+//!   8..12  header_len   u32 LE: the header section after the prefix
+//! header (header_len bytes)
+//!   0      type             u8
+//!   1      response_status  u8 (0: none)
+//!   2      bits             u8: bit 0 oneway, bit 1 durable; others 0
+//!   3      reserved         u8, 0
+//!   4..20  id               16 bytes, UUID
+//!   20..28 timestamp        u64 LE, ms since the epoch
+//!   28..   fields           tag u8, len u16 LE, value; tags strictly ascending
+//! payload (frame_len - 12 - header_len bytes)
+//! ```
+//!
+//! See `docs/protocol.md` for the field tags and the versioning rule.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use uuid::Uuid;
+
+use crate::message::{Message, MessageType, ResponseStatus};
+
+/// Frame magic, "TW".
+pub const MAGIC: [u8; 2] = *b"TW";
+/// Length of the fixed prefix.
+pub const PREFIX_LEN: usize = 12;
+/// Length of the fixed part of the header section.
+pub const FIXED_HEADER_LEN: usize = 28;
+/// The smallest valid frame.
+pub const MIN_FRAME_LEN: usize = PREFIX_LEN + FIXED_HEADER_LEN;
+/// Longest value of one header field.
+pub const MAX_FIELD_LEN: usize = u16::MAX as usize;
+/// Flag bit: the payload is compressed (reserved for a later version).
+pub const FLAG_COMPRESSED: u8 = 0b0000_0001;
+/// Flags a v1 decoder accepts.
+const KNOWN_FLAGS: u8 = 0;
+
+const BIT_ONEWAY: u8 = 0b01;
+const BIT_DURABLE: u8 = 0b10;
+
+/// Header field tags. Tags below 128 are critical: a decoder that does not
+/// know one rejects the message. Tags 128 and above are optional extensions
+/// a decoder skips.
+pub mod tag {
+    /// `expires_at`, u64 LE.
+    pub const EXPIRES_AT: u8 = 1;
+    /// `timeout`, u64 LE milliseconds.
+    pub const TIMEOUT: u8 = 2;
+    /// `request_id`, UTF-8.
+    pub const REQUEST_ID: u8 = 3;
+    /// `correlation_id`, 16 bytes.
+    pub const CORRELATION_ID: u8 = 4;
+    /// `subject`, UTF-8.
+    pub const SUBJECT: u8 = 5;
+    /// `destination`, UTF-8.
+    pub const DESTINATION: u8 = 6;
+    /// `reply_to`, UTF-8.
+    pub const REPLY_TO: u8 = 7;
+    /// `payload_mimetype`, UTF-8.
+    pub const PAYLOAD_MIMETYPE: u8 = 8;
+    /// `payload_charset`, UTF-8.
+    pub const PAYLOAD_CHARSET: u8 = 9;
+    /// First tag of the optional (skippable) range.
+    pub const FIRST_OPTIONAL: u8 = 128;
+}
+
+/// Why a message could not be encoded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EncodeError {
+    /// A header field is longer than 65535 bytes.
+    #[error("field {field} is {len} bytes; the limit is {MAX_FIELD_LEN}")]
+    FieldTooLong {
+        /// The field's name.
+        field: &'static str,
+        /// Its length.
+        len: usize,
+    },
+    /// The frame would exceed the maximum message size.
+    #[error("message is {len} bytes; the limit is {max}")]
+    TooLarge {
+        /// Encoded size.
+        len: usize,
+        /// The limit in force.
+        max: usize,
+    },
+}
+
+/// Why bytes could not be decoded into a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The frame does not start with the magic: not a Tubeway peer, or the
+    /// stream lost its framing. The connection cannot continue.
+    #[error("bad frame magic {0:02x?}: not a Tubeway frame")]
+    BadMagic([u8; 2]),
+    /// A frame version this decoder does not speak.
+    #[error("unsupported frame version {0} (this peer speaks {v})", v = crate::PROTOCOL_VERSION)]
+    UnsupportedVersion(u8),
+    /// Flags this decoder does not know.
+    #[error("unknown frame flags {0:#04x}")]
+    UnknownFlags(u8),
+    /// The declared lengths are inconsistent.
+    #[error("bad frame lengths: frame_len {frame_len}, header_len {header_len}")]
+    BadLength {
+        /// Declared frame length.
+        frame_len: u32,
+        /// Declared header length.
+        header_len: u32,
+    },
+    /// The frame ended early.
+    #[error("frame truncated: {0}")]
+    Truncated(&'static str),
+    /// Unknown message type code.
+    #[error("unknown message type {0}")]
+    UnknownType(u8),
+    /// Unknown response status code.
+    #[error("unknown response status {0}")]
+    UnknownStatus(u8),
+    /// Reserved bits are set.
+    #[error("reserved header bits set: {0:#04x}")]
+    ReservedBits(u8),
+    /// An unknown critical field tag.
+    #[error("unknown header field tag {0}")]
+    UnknownTag(u8),
+    /// Field tags out of order or repeated.
+    #[error("header field tag {0} out of order or repeated")]
+    TagOrder(u8),
+    /// A field has the wrong length.
+    #[error("header field {field} has length {len}, expected {expected}")]
+    FieldLength {
+        /// Field name.
+        field: &'static str,
+        /// Found length.
+        len: usize,
+        /// Expected length.
+        expected: usize,
+    },
+    /// A text field is not UTF-8.
+    #[error("header field {0} is not valid UTF-8")]
+    InvalidUtf8(&'static str),
+}
+
+impl DecodeError {
+    /// Whether the stream's framing is lost, so the connection must close.
+    /// Other errors concern one well-delimited frame, which can be skipped.
+    pub fn is_fatal(&self) -> bool {
+        matches!(
+            self,
+            DecodeError::BadMagic(_)
+                | DecodeError::UnsupportedVersion(_)
+                | DecodeError::UnknownFlags(_)
+                | DecodeError::BadLength { .. }
+        )
+    }
+}
+
+/// An encoded frame: prefix and header in `head`, the payload shared, so a
+/// writer can send both with one vectored write and never copy the payload.
+#[derive(Debug, Clone)]
+pub struct EncodedFrame {
+    /// Prefix and header section.
+    pub head: Bytes,
+    /// Payload, shared with the message.
+    pub payload: Bytes,
+}
+
+impl EncodedFrame {
+    /// Total frame length.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.payload.len()
+    }
+
+    /// Never true: a frame has at least a prefix and fixed header.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The frame as one contiguous buffer (copies the payload).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len());
+        v.extend_from_slice(&self.head);
+        v.extend_from_slice(&self.payload);
+        v
+    }
+}
+
+fn put_str_field(
+    buf: &mut BytesMut,
+    t: u8,
+    field: &'static str,
+    v: &Option<String>,
+) -> Result<(), EncodeError> {
+    if let Some(s) = v {
+        if s.len() > MAX_FIELD_LEN {
+            return Err(EncodeError::FieldTooLong {
+                field,
+                len: s.len(),
+            });
+        }
+        buf.put_u8(t);
+        buf.put_u16_le(s.len() as u16);
+        buf.put_slice(s.as_bytes());
+    }
+    Ok(())
+}
+
+/// Encodes `msg`, refusing frames larger than `max_frame` bytes.
+pub fn encode(msg: &Message, max_frame: usize) -> Result<EncodedFrame, EncodeError> {
+    let mut head = BytesMut::with_capacity(PREFIX_LEN + FIXED_HEADER_LEN + 64);
+    head.put_slice(&MAGIC);
+    head.put_u8(crate::PROTOCOL_VERSION);
+    head.put_u8(0);
+    head.put_u32_le(0); // frame_len, patched below
+    head.put_u32_le(0); // header_len, patched below
+
+    head.put_u8(msg.r#type.code());
+    head.put_u8(msg.response_status.map_or(0, ResponseStatus::code));
+    let mut bits = 0;
+    if msg.oneway {
+        bits |= BIT_ONEWAY;
+    }
+    if msg.durable {
+        bits |= BIT_DURABLE;
+    }
+    head.put_u8(bits);
+    head.put_u8(0);
+    head.put_slice(msg.id.as_bytes());
+    head.put_u64_le(msg.timestamp);
+
+    if let Some(t) = msg.expires_at {
+        head.put_u8(tag::EXPIRES_AT);
+        head.put_u16_le(8);
+        head.put_u64_le(t);
+    }
+    if let Some(t) = msg.timeout {
+        head.put_u8(tag::TIMEOUT);
+        head.put_u16_le(8);
+        head.put_u64_le(u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+    }
+    put_str_field(&mut head, tag::REQUEST_ID, "request_id", &msg.request_id)?;
+    if let Some(c) = msg.correlation_id {
+        head.put_u8(tag::CORRELATION_ID);
+        head.put_u16_le(16);
+        head.put_slice(c.as_bytes());
+    }
+    put_str_field(&mut head, tag::SUBJECT, "subject", &msg.subject)?;
+    put_str_field(&mut head, tag::DESTINATION, "destination", &msg.destination)?;
+    put_str_field(&mut head, tag::REPLY_TO, "reply_to", &msg.reply_to)?;
+    put_str_field(
+        &mut head,
+        tag::PAYLOAD_MIMETYPE,
+        "payload_mimetype",
+        &msg.payload_mimetype,
+    )?;
+    put_str_field(
+        &mut head,
+        tag::PAYLOAD_CHARSET,
+        "payload_charset",
+        &msg.payload_charset,
+    )?;
+
+    let total = head.len() + msg.payload.len();
+    if total > max_frame || total > u32::MAX as usize {
+        return Err(EncodeError::TooLarge {
+            len: total,
+            max: max_frame.min(u32::MAX as usize),
+        });
+    }
+    let header_len = (head.len() - PREFIX_LEN) as u32;
+    // The prefix is the first 12 bytes of `head`, written above.
+    let mut prefix = &mut head[4..12];
+    prefix.put_u32_le(total as u32);
+    prefix.put_u32_le(header_len);
+    Ok(EncodedFrame {
+        head: head.freeze(),
+        payload: msg.payload.clone(),
+    })
+}
+
+/// The fixed prefix of a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prefix {
+    /// Flags byte.
+    pub flags: u8,
+    /// Whole frame length.
+    pub frame_len: u32,
+    /// Header section length.
+    pub header_len: u32,
+}
+
+/// Parses and checks a frame prefix. `buf` must hold at least [`PREFIX_LEN`] bytes.
+pub fn decode_prefix(mut buf: &[u8]) -> Result<Prefix, DecodeError> {
+    if buf.len() < PREFIX_LEN {
+        return Err(DecodeError::Truncated("prefix"));
+    }
+    let magic = [buf.get_u8(), buf.get_u8()];
+    if magic != MAGIC {
+        return Err(DecodeError::BadMagic(magic));
+    }
+    let version = buf.get_u8();
+    if version != crate::PROTOCOL_VERSION {
+        return Err(DecodeError::UnsupportedVersion(version));
+    }
+    let flags = buf.get_u8();
+    if flags & !KNOWN_FLAGS != 0 {
+        return Err(DecodeError::UnknownFlags(flags));
+    }
+    let frame_len = buf.get_u32_le();
+    let header_len = buf.get_u32_le();
+    let fits = (header_len as u64) >= FIXED_HEADER_LEN as u64
+        && (PREFIX_LEN as u64 + header_len as u64) <= frame_len as u64;
+    if !fits {
+        return Err(DecodeError::BadLength {
+            frame_len,
+            header_len,
+        });
+    }
+    Ok(Prefix {
+        flags,
+        frame_len,
+        header_len,
+    })
+}
+
+/// Decodes one complete frame. The payload is a slice of `frame`, not a copy.
+pub fn decode(mut frame: Bytes) -> Result<Message, DecodeError> {
+    let prefix = decode_prefix(&frame)?;
+    if frame.len() != prefix.frame_len as usize {
+        return Err(DecodeError::Truncated("frame shorter than frame_len"));
+    }
+    frame.advance(PREFIX_LEN);
+    let mut header = frame.split_to(prefix.header_len as usize);
+    let payload = frame;
+    decode_header(&mut header, payload)
+}
+
+fn decode_header(h: &mut Bytes, payload: Bytes) -> Result<Message, DecodeError> {
+    if h.remaining() < FIXED_HEADER_LEN {
+        return Err(DecodeError::Truncated("fixed header"));
+    }
+    let type_code = h.get_u8();
+    let r#type = MessageType::from_code(type_code).ok_or(DecodeError::UnknownType(type_code))?;
+    let status_code = h.get_u8();
+    let response_status = match status_code {
+        0 => None,
+        c => Some(ResponseStatus::from_code(c).ok_or(DecodeError::UnknownStatus(c))?),
+    };
+    let bits = h.get_u8();
+    if bits & !(BIT_ONEWAY | BIT_DURABLE) != 0 {
+        return Err(DecodeError::ReservedBits(bits));
+    }
+    let reserved = h.get_u8();
+    if reserved != 0 {
+        return Err(DecodeError::ReservedBits(reserved));
+    }
+    let mut id = [0u8; 16];
+    h.copy_to_slice(&mut id);
+    let timestamp = h.get_u64_le();
+
+    let mut msg = Message::new(r#type);
+    msg.id = Uuid::from_bytes(id);
+    msg.oneway = bits & BIT_ONEWAY != 0;
+    msg.durable = bits & BIT_DURABLE != 0;
+    msg.response_status = response_status;
+    msg.timestamp = timestamp;
+    msg.payload = payload;
+
+    let mut last_tag: Option<u8> = None;
+    while h.has_remaining() {
+        if h.remaining() < 3 {
+            return Err(DecodeError::Truncated("field header"));
+        }
+        let t = h.get_u8();
+        let len = h.get_u16_le() as usize;
+        if h.remaining() < len {
+            return Err(DecodeError::Truncated("field value"));
+        }
+        if last_tag.is_some_and(|l| t <= l) {
+            return Err(DecodeError::TagOrder(t));
+        }
+        last_tag = Some(t);
+        let value = h.split_to(len);
+        match t {
+            tag::EXPIRES_AT => msg.expires_at = Some(fixed_u64(&value, "expires_at")?),
+            tag::TIMEOUT => {
+                msg.timeout = Some(std::time::Duration::from_millis(fixed_u64(
+                    &value, "timeout",
+                )?))
+            }
+            tag::REQUEST_ID => msg.request_id = Some(utf8(value, "request_id")?),
+            tag::CORRELATION_ID => {
+                let bytes: [u8; 16] =
+                    value
+                        .as_ref()
+                        .try_into()
+                        .map_err(|_| DecodeError::FieldLength {
+                            field: "correlation_id",
+                            len,
+                            expected: 16,
+                        })?;
+                msg.correlation_id = Some(Uuid::from_bytes(bytes));
+            }
+            tag::SUBJECT => msg.subject = Some(utf8(value, "subject")?),
+            tag::DESTINATION => msg.destination = Some(utf8(value, "destination")?),
+            tag::REPLY_TO => msg.reply_to = Some(utf8(value, "reply_to")?),
+            tag::PAYLOAD_MIMETYPE => msg.payload_mimetype = Some(utf8(value, "payload_mimetype")?),
+            tag::PAYLOAD_CHARSET => msg.payload_charset = Some(utf8(value, "payload_charset")?),
+            t if t >= tag::FIRST_OPTIONAL => {}
+            t => return Err(DecodeError::UnknownTag(t)),
+        }
+    }
+    Ok(msg)
+}
+
+fn fixed_u64(v: &[u8], field: &'static str) -> Result<u64, DecodeError> {
+    let bytes: [u8; 8] = v.try_into().map_err(|_| DecodeError::FieldLength {
+        field,
+        len: v.len(),
+        expected: 8,
+    })?;
+    Ok(u64::from_le_bytes(bytes))
+}
+
+fn utf8(v: Bytes, field: &'static str) -> Result<String, DecodeError> {
+    String::from_utf8(v.to_vec()).map_err(|_| DecodeError::InvalidUtf8(field))
+}
+
+/// What the streaming [`Decoder`] produced.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Decoded {
+    /// A complete, valid message.
+    Message(Message),
+    /// A well-delimited frame whose content is invalid. The stream continues;
+    /// answer `bad_request` to `id` when it is known.
+    Invalid {
+        /// The frame's message id, if the fixed header could be read.
+        id: Option<Uuid>,
+        /// The frame's type code, if it could be read.
+        type_code: Option<u8>,
+        /// What is wrong.
+        error: DecodeError,
+    },
+    /// A frame longer than the maximum. Its bytes are being discarded, never
+    /// buffered; answer `too_large` to `id` when it is known.
+    TooLarge {
+        /// The frame's message id, if the fixed header could be read.
+        id: Option<Uuid>,
+        /// The frame's type code.
+        type_code: Option<u8>,
+        /// Whether the sender asked for no response.
+        oneway: bool,
+        /// Declared frame length.
+        frame_len: u64,
+        /// The limit in force.
+        max: usize,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum State {
+    Head,
+    Skip { remaining: u64 },
+}
+
+/// A streaming frame decoder: feed it bytes as they arrive, take messages out.
+///
+/// It checks every declared length against the maximum message size before
+/// reserving any memory, and discards oversized frames without buffering them.
+#[derive(Debug)]
+pub struct Decoder {
+    max_frame: usize,
+    state: State,
+}
+
+impl Decoder {
+    /// A decoder that accepts frames of at most `max_frame` bytes.
+    pub fn new(max_frame: usize) -> Self {
+        Decoder {
+            max_frame,
+            state: State::Head,
+        }
+    }
+
+    /// The maximum frame size.
+    pub fn max_frame(&self) -> usize {
+        self.max_frame
+    }
+
+    /// Sets the maximum frame size for frames not yet started.
+    pub fn set_max_frame(&mut self, max_frame: usize) {
+        self.max_frame = max_frame;
+    }
+
+    /// How many more bytes the decoder wants before it can make progress, at least.
+    /// Readers use it to size their buffer; it never exceeds the maximum frame size.
+    pub fn wanted(&self, buf: &BytesMut) -> usize {
+        match self.state {
+            State::Skip { .. } => 0,
+            State::Head => {
+                if buf.len() < PREFIX_LEN {
+                    return PREFIX_LEN - buf.len();
+                }
+                match decode_prefix(buf) {
+                    Ok(p) if (p.frame_len as usize) <= self.max_frame => {
+                        (p.frame_len as usize).saturating_sub(buf.len())
+                    }
+                    _ => 0,
+                }
+            }
+        }
+    }
+
+    /// Whether the decoder sits at a frame boundary (nothing partly read).
+    pub fn is_idle(&self, buf: &BytesMut) -> bool {
+        matches!(self.state, State::Head) && buf.is_empty()
+    }
+
+    /// Takes the next item out of `buf`. `Ok(None)` means more bytes are needed.
+    /// An `Err` is fatal: the stream's framing is lost.
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Decoded>, DecodeError> {
+        loop {
+            match self.state {
+                State::Skip { remaining } => {
+                    let n = remaining.min(buf.len() as u64) as usize;
+                    buf.advance(n);
+                    let remaining = remaining - n as u64;
+                    if remaining > 0 {
+                        self.state = State::Skip { remaining };
+                        return Ok(None);
+                    }
+                    self.state = State::Head;
+                }
+                State::Head => {
+                    if buf.len() < PREFIX_LEN {
+                        return Ok(None);
+                    }
+                    let prefix = decode_prefix(buf)?;
+                    let frame_len = prefix.frame_len as usize;
+                    if frame_len > self.max_frame {
+                        // Read the fixed header (if it has arrived) to name the frame, then skip.
+                        if buf.len() < MIN_FRAME_LEN {
+                            return Ok(None);
+                        }
+                        let (id, type_code, oneway) = peek_fixed(buf);
+                        buf.advance(MIN_FRAME_LEN);
+                        self.state = State::Skip {
+                            remaining: prefix.frame_len as u64 - MIN_FRAME_LEN as u64,
+                        };
+                        return Ok(Some(Decoded::TooLarge {
+                            id,
+                            type_code,
+                            oneway,
+                            frame_len: prefix.frame_len as u64,
+                            max: self.max_frame,
+                        }));
+                    }
+                    if buf.len() < frame_len {
+                        buf.reserve(frame_len - buf.len());
+                        return Ok(None);
+                    }
+                    let frame = buf.split_to(frame_len).freeze();
+                    let (id, type_code, _) = peek_fixed(&frame);
+                    return Ok(Some(match decode(frame) {
+                        Ok(m) => Decoded::Message(m),
+                        Err(error) => Decoded::Invalid {
+                            id,
+                            type_code,
+                            error,
+                        },
+                    }));
+                }
+            }
+        }
+    }
+}
+
+/// Reads id, type and oneway from a buffer that starts with a prefix, if present.
+fn peek_fixed(buf: &[u8]) -> (Option<Uuid>, Option<u8>, bool) {
+    let Some(fixed) = buf.get(PREFIX_LEN..MIN_FRAME_LEN) else {
+        return (None, None, false);
+    };
+    let type_code = fixed.first().copied();
+    let oneway = fixed.get(2).is_some_and(|b| b & BIT_ONEWAY != 0);
+    let id = fixed
+        .get(4..20)
+        .and_then(|s| <[u8; 16]>::try_from(s).ok())
+        .map(Uuid::from_bytes);
+    (id, type_code, oneway)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Message {
+        Message::plain_text("hello")
+            .with_destination("echo")
+            .with_subject("s")
+            .with_request_id("r-1")
+            .with_ttl(std::time::Duration::from_secs(5))
+            .with_timeout(std::time::Duration::from_millis(250))
+    }
+
+    #[test]
+    fn round_trip() {
+        let m = sample();
+        let f = encode(&m, 1 << 20).unwrap();
+        let back = decode(Bytes::from(f.to_vec())).unwrap();
+        assert_eq!(m, back);
+    }
+
+    #[test]
+    fn streaming_in_single_bytes() {
+        let m = sample();
+        let bytes = encode(&m, 1 << 20).unwrap().to_vec();
+        let mut d = Decoder::new(1 << 20);
+        let mut buf = BytesMut::new();
+        let mut out = vec![];
+        for b in bytes.iter().chain(bytes.iter()) {
+            buf.put_u8(*b);
+            while let Some(x) = d.decode(&mut buf).unwrap() {
+                out.push(x);
+            }
+        }
+        assert_eq!(out.len(), 2);
+        assert!(matches!(&out[0], Decoded::Message(x) if *x == m));
+    }
+
+    #[test]
+    fn oversized_frame_is_skipped_not_buffered() {
+        let big = Message::binary(vec![7u8; 4096], None);
+        let small = sample();
+        let mut bytes = encode(&big, 1 << 20).unwrap().to_vec();
+        bytes.extend(encode(&small, 1 << 20).unwrap().to_vec());
+        let mut d = Decoder::new(1024);
+        let mut buf = BytesMut::from(&bytes[..]);
+        match d.decode(&mut buf).unwrap().unwrap() {
+            Decoded::TooLarge { id, .. } => assert_eq!(id, Some(big.id)),
+            other => panic!("{other:?}"),
+        }
+        match d.decode(&mut buf).unwrap().unwrap() {
+            Decoded::Message(m) => assert_eq!(m, small),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn absurd_length_does_not_reserve() {
+        let mut bytes = encode(&sample(), 1 << 20).unwrap().to_vec();
+        bytes[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        let mut d = Decoder::new(1024);
+        let mut buf = BytesMut::from(&bytes[..]);
+        let cap_before = buf.capacity();
+        assert!(matches!(
+            d.decode(&mut buf).unwrap(),
+            Some(Decoded::TooLarge { .. })
+        ));
+        assert!(buf.capacity() <= cap_before);
+        assert_eq!(d.wanted(&buf), 0);
+    }
+
+    #[test]
+    fn bad_magic_is_fatal() {
+        let mut d = Decoder::new(1024);
+        let mut buf = BytesMut::from(&b"GET / HTTP/1.1\r\n\r\n"[..]);
+        let e = d.decode(&mut buf).unwrap_err();
+        assert!(e.is_fatal());
+    }
+
+    #[test]
+    fn unknown_type_is_recoverable() {
+        let mut bytes = encode(&sample(), 1 << 20).unwrap().to_vec();
+        bytes[PREFIX_LEN] = 250;
+        let mut d = Decoder::new(1 << 20);
+        let mut buf = BytesMut::from(&bytes[..]);
+        match d.decode(&mut buf).unwrap().unwrap() {
+            Decoded::Invalid { error, id, .. } => {
+                assert_eq!(error, DecodeError::UnknownType(250));
+                assert!(id.is_some());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
