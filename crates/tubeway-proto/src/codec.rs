@@ -275,9 +275,10 @@ pub fn encode(msg: &Message, max_frame: usize) -> Result<EncodedFrame, EncodeErr
     }
     let header_len = (head.len() - PREFIX_LEN) as u32;
     // The prefix is the first 12 bytes of `head`, written above.
-    let mut prefix = &mut head[4..12];
-    prefix.put_u32_le(total as u32);
-    prefix.put_u32_le(header_len);
+    if let Some(mut prefix) = head.get_mut(4..PREFIX_LEN) {
+        prefix.put_u32_le(total as u32);
+        prefix.put_u32_le(header_len);
+    }
     Ok(EncodedFrame {
         head: head.freeze(),
         payload: msg.payload.clone(),
