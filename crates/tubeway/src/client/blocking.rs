@@ -1,0 +1,407 @@
+//! The blocking client, for code without an async runtime.
+//!
+//! Each call runs on a process-wide background runtime (two threads named
+//! `tubeway-io`, started on first use) and blocks the calling thread until it
+//! completes; every call is bounded by a timeout, as in [`AsyncClient`].
+//! Calling from inside an async runtime fails with [`Error::Runtime`]
+//! instead of blocking one of its threads: use [`AsyncClient`] there.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::OnceLock;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::runtime::{Builder, Handle, Runtime};
+use tokio::task::JoinHandle;
+use tubeway_proto::{ops, Message};
+use tubeway_transport::Url;
+use uuid::Uuid;
+
+use super::{AsyncClient, ClientOptions, HandlerError};
+use crate::{Error, Result};
+
+fn runtime() -> Result<&'static Runtime> {
+    static RUNTIME: OnceLock<std::result::Result<Runtime, String>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("tubeway-io")
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| Error::Runtime(format!("cannot start the tubeway runtime: {e}")))
+}
+
+/// Runs `f` to completion on the background runtime.
+fn block_on<F: Future>(f: F) -> Result<F::Output> {
+    if Handle::try_current().is_ok() {
+        // Blocking here would stall (or, on a current-thread runtime, deadlock) the caller's runtime.
+        return Err(Error::Runtime(
+            "the blocking tubeway::Client was called inside an async runtime; use AsyncClient in async code"
+                .into(),
+        ));
+    }
+    Ok(runtime()?.handle().block_on(f))
+}
+
+/// A blocking connection to a Tubeway broker.
+///
+/// Cheap to clone; clones share one connection and may be used from many
+/// threads at once. The methods are those of [`AsyncClient`], blocking.
+#[derive(Clone, Debug)]
+pub struct Client {
+    inner: AsyncClient,
+}
+
+impl Client {
+    /// Connects to the broker at `url` with default options.
+    pub fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, ClientOptions::default())
+    }
+
+    /// Connects with `options`.
+    pub fn connect_with(url: &str, options: ClientOptions) -> Result<Self> {
+        let inner = block_on(AsyncClient::connect_with(url, options))??;
+        Ok(Client { inner })
+    }
+
+    /// Wraps an async client. Its tasks keep running on the runtime that
+    /// created it, which must outlive this client.
+    pub fn from_async(inner: AsyncClient) -> Self {
+        Client { inner }
+    }
+
+    /// The async client underneath, for use in async code.
+    pub fn as_async(&self) -> &AsyncClient {
+        &self.inner
+    }
+
+    /// The broker's URL.
+    pub fn url(&self) -> &Url {
+        self.inner.url()
+    }
+
+    /// The largest message the broker accepts.
+    pub fn max_message_size(&self) -> usize {
+        self.inner.max_message_size()
+    }
+
+    /// Whether the connection is closed.
+    pub fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    /// Closes the connection gracefully; see [`AsyncClient::close`].
+    pub fn close(&self) -> Result<()> {
+        block_on(self.inner.close())
+    }
+
+    /// Sends any message and returns its response, whatever its status.
+    pub fn request(&self, msg: Message) -> Result<Message> {
+        block_on(self.inner.request(msg))?
+    }
+
+    /// Sends any message and returns its response, waiting at most `timeout`.
+    pub fn request_timeout(&self, msg: Message, timeout: Duration) -> Result<Message> {
+        block_on(self.inner.request_timeout(msg, timeout))?
+    }
+
+    /// Sends any message with `oneway` set.
+    pub fn request_oneway(&self, msg: Message) -> Result<()> {
+        block_on(self.inner.request_oneway(msg))?
+    }
+
+    /// Calls `function`; see [`AsyncClient::send`].
+    pub fn send(&self, function: &str, msg: Message) -> Result<Message> {
+        block_on(self.inner.send(function, msg))?
+    }
+
+    /// Calls `function`, giving up after `timeout`.
+    pub fn send_timeout(&self, function: &str, msg: Message, timeout: Duration) -> Result<Message> {
+        block_on(self.inner.send_timeout(function, msg, timeout))?
+    }
+
+    /// Calls `function` without waiting for the response: the call runs in
+    /// the background and the returned [`ResponseFuture`] yields its result,
+    /// by `.await` or [`ResponseFuture::wait`]. Usable from any context.
+    pub fn send_async(&self, function: &str, msg: Message) -> ResponseFuture {
+        let client = self.inner.clone();
+        let function = function.to_owned();
+        let call = async move { client.send(&function, msg).await };
+        let task = match runtime() {
+            Ok(rt) => Ok(rt.spawn(call)),
+            Err(e) => Err(Some(e)),
+        };
+        ResponseFuture { task }
+    }
+
+    /// Calls `function` without waiting for, or getting, a response.
+    pub fn send_oneway(&self, function: &str, msg: Message) -> Result<()> {
+        block_on(self.inner.send_oneway(function, msg))?
+    }
+
+    /// Serves `function` on this connection; see [`AsyncClient::serve`].
+    pub fn serve<F>(&self, function: &str, handler: F) -> Result<Worker>
+    where
+        F: Fn(Message) -> std::result::Result<Message, HandlerError> + Send + Sync + 'static,
+    {
+        let inner = block_on(self.inner.serve(function, handler))??;
+        Ok(Worker { inner })
+    }
+
+    /// Removes `function`.
+    pub fn remove_function(&self, function: &str) -> Result<()> {
+        block_on(self.inner.remove_function(function))?
+    }
+
+    /// The status of `function`.
+    pub fn function_status(&self, function: &str) -> Result<ops::FunctionStatus> {
+        block_on(self.inner.function_status(function))?
+    }
+
+    /// The status of every function.
+    pub fn list_functions(&self) -> Result<Vec<ops::FunctionStatus>> {
+        block_on(self.inner.list_functions())?
+    }
+
+    /// Puts `msg` on `queue`; see [`AsyncClient::offer`].
+    pub fn offer(&self, queue: &str, msg: Message, timeout: Duration) -> Result<()> {
+        block_on(self.inner.offer(queue, msg, timeout))?
+    }
+
+    /// Takes the next message from `queue`; see [`AsyncClient::poll`].
+    pub fn poll(&self, queue: &str, timeout: Duration) -> Result<Option<Message>> {
+        block_on(self.inner.poll(queue, timeout))?
+    }
+
+    /// Creates a queue.
+    pub fn create_queue(
+        &self,
+        name: &str,
+        capacity: u64,
+        kind: ops::QueueKind,
+    ) -> Result<ops::QueueStatus> {
+        block_on(self.inner.create_queue(name, capacity, kind))?
+    }
+
+    /// Creates a queue named by the broker, removed when this connection closes.
+    pub fn create_temporary_queue(
+        &self,
+        capacity: u64,
+        kind: ops::QueueKind,
+    ) -> Result<ops::QueueStatus> {
+        block_on(self.inner.create_temporary_queue(capacity, kind))?
+    }
+
+    /// Removes a queue.
+    pub fn remove_queue(&self, name: &str) -> Result<()> {
+        block_on(self.inner.remove_queue(name))?
+    }
+
+    /// Whether a queue exists.
+    pub fn exists_queue(&self, name: &str) -> Result<bool> {
+        block_on(self.inner.exists_queue(name))?
+    }
+
+    /// The status of a queue.
+    pub fn queue_status(&self, name: &str) -> Result<ops::QueueStatus> {
+        block_on(self.inner.queue_status(name))?
+    }
+
+    /// The status of every queue.
+    pub fn list_queues(&self) -> Result<Vec<ops::QueueStatus>> {
+        block_on(self.inner.list_queues())?
+    }
+
+    /// Creates a topic.
+    pub fn create_topic(&self, name: &str) -> Result<ops::TopicStatus> {
+        block_on(self.inner.create_topic(name))?
+    }
+
+    /// Removes a topic.
+    pub fn remove_topic(&self, name: &str) -> Result<()> {
+        block_on(self.inner.remove_topic(name))?
+    }
+
+    /// The status of a topic.
+    pub fn topic_status(&self, name: &str) -> Result<ops::TopicStatus> {
+        block_on(self.inner.topic_status(name))?
+    }
+
+    /// The status of every topic.
+    pub fn list_topics(&self) -> Result<Vec<ops::TopicStatus>> {
+        block_on(self.inner.list_topics())?
+    }
+
+    /// Publishes `msg` to `topic` and waits for the broker to accept it.
+    pub fn publish(&self, topic: &str, msg: Message) -> Result<()> {
+        block_on(self.inner.publish(topic, msg))?
+    }
+
+    /// Publishes without waiting for the broker.
+    pub fn publish_oneway(&self, topic: &str, msg: Message) -> Result<()> {
+        block_on(self.inner.publish_oneway(topic, msg))?
+    }
+
+    /// Subscribes to `topic`; see [`super::Subscription`] on back-pressure.
+    pub fn subscribe(&self, topic: &str) -> Result<Subscription> {
+        let inner = block_on(self.inner.subscribe(topic))??;
+        Ok(Subscription { inner })
+    }
+
+    /// Subscribes with a buffer of `buffer` deliveries.
+    pub fn subscribe_with_buffer(&self, topic: &str, buffer: usize) -> Result<Subscription> {
+        let inner = block_on(self.inner.subscribe_with_buffer(topic, buffer))??;
+        Ok(Subscription { inner })
+    }
+
+    /// Subscribes and runs `handler` on each delivery, in order, on a
+    /// background thread.
+    pub fn subscribe_with<F>(&self, topic: &str, handler: F) -> Result<SubscriptionHandle>
+    where
+        F: Fn(Message) + Send + 'static,
+    {
+        let inner = block_on(self.inner.subscribe_with(topic, handler))??;
+        Ok(SubscriptionHandle { inner })
+    }
+
+    /// Broker statistics.
+    pub fn stats(&self) -> Result<ops::Stats> {
+        block_on(self.inner.stats())?
+    }
+
+    /// Measures one round trip to the broker.
+    pub fn ping(&self) -> Result<Duration> {
+        block_on(self.inner.ping())?
+    }
+}
+
+/// The result of [`Client::send_async`]: `.await` it or [`wait`](ResponseFuture::wait) for it.
+///
+/// Dropping it does not cancel the call.
+#[derive(Debug)]
+#[must_use = "the response is lost unless awaited or waited for"]
+pub struct ResponseFuture {
+    task: std::result::Result<JoinHandle<Result<Message>>, Option<Error>>,
+}
+
+impl ResponseFuture {
+    /// Blocks until the response arrives (bounded by the call's timeout).
+    pub fn wait(self) -> Result<Message> {
+        block_on(self)?
+    }
+}
+
+impl Future for ResponseFuture {
+    type Output = Result<Message>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.task {
+            Ok(task) => Pin::new(task).poll(cx).map(|joined| {
+                joined.unwrap_or_else(|e| Err(Error::Runtime(format!("call failed: {e}"))))
+            }),
+            Err(e) => Poll::Ready(Err(e
+                .take()
+                .unwrap_or_else(|| Error::Runtime("response already taken".into())))),
+        }
+    }
+}
+
+/// A blocking subscription; see [`super::Subscription`].
+///
+/// Iterating yields deliveries until the subscription ends.
+#[derive(Debug)]
+#[must_use = "dropping a Subscription unsubscribes"]
+pub struct Subscription {
+    inner: super::Subscription,
+}
+
+impl Subscription {
+    /// The next delivery, waiting at most `timeout`: `Ok(None)` on timeout,
+    /// [`Error::SubscriptionEnded`] once the subscription has ended.
+    pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Option<Message>> {
+        // The timer must be created on the runtime, hence the async block.
+        let inner = &mut self.inner;
+        match block_on(async { tokio::time::timeout(timeout, inner.recv()).await })? {
+            Ok(Some(msg)) => Ok(Some(msg)),
+            Ok(None) => Err(Error::SubscriptionEnded),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// The next delivery, waiting as long as it takes;
+    /// [`Error::SubscriptionEnded`] once the subscription has ended.
+    pub fn recv(&mut self) -> Result<Message> {
+        block_on(self.inner.recv())?.ok_or(Error::SubscriptionEnded)
+    }
+
+    /// The subscription id.
+    pub fn id(&self) -> Uuid {
+        self.inner.id()
+    }
+
+    /// The topic.
+    pub fn topic(&self) -> &str {
+        self.inner.topic()
+    }
+
+    /// Ends the subscription and waits for the broker to confirm.
+    pub fn unsubscribe(self) -> Result<()> {
+        block_on(self.inner.unsubscribe())?
+    }
+}
+
+impl Iterator for Subscription {
+    type Item = Message;
+
+    fn next(&mut self) -> Option<Message> {
+        self.recv().ok()
+    }
+}
+
+/// A subscription served by a handler; see [`super::SubscriptionHandle`].
+#[derive(Debug)]
+#[must_use = "dropping a SubscriptionHandle unsubscribes"]
+pub struct SubscriptionHandle {
+    inner: super::SubscriptionHandle,
+}
+
+impl SubscriptionHandle {
+    /// The subscription id.
+    pub fn id(&self) -> Uuid {
+        self.inner.id()
+    }
+
+    /// The topic.
+    pub fn topic(&self) -> &str {
+        self.inner.topic()
+    }
+
+    /// Ends the subscription and waits for the broker to confirm.
+    pub fn unsubscribe(self) -> Result<()> {
+        block_on(self.inner.unsubscribe())?
+    }
+}
+
+/// A function served by this connection; see [`super::Worker`].
+#[derive(Debug)]
+#[must_use = "dropping a Worker stops serving the function"]
+pub struct Worker {
+    inner: super::Worker,
+}
+
+impl Worker {
+    /// The function served.
+    pub fn function(&self) -> &str {
+        self.inner.function()
+    }
+
+    /// Stops serving and waits for the broker to confirm.
+    pub fn stop(self) -> Result<()> {
+        block_on(self.inner.stop())?
+    }
+}

@@ -1,0 +1,473 @@
+//! One broker connection: a writer task, a reader task, and the routing table
+//! the reader uses to hand each incoming message to whoever waits for it.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::{AbortHandle, JoinHandle};
+use tubeway_proto::{
+    codec, ops, Decoded, EncodedFrame, Message, MessageType, ResponseStatus, MIME_TEXT,
+};
+use tubeway_transport::{FrameReader, Url, WriteBatch};
+use uuid::Uuid;
+
+use super::worker::HandlerError;
+use crate::{Error, Result};
+
+/// Frames queued for the writer before senders wait: deep enough to batch
+/// pipelined calls into few system calls, bounded so a stalled socket pushes
+/// back on callers instead of growing memory.
+const WRITE_QUEUE: usize = 1024;
+
+/// A running handler invocation, as the reader task sees it.
+pub(crate) type HandlerTask = JoinHandle<std::result::Result<Message, HandlerError>>;
+/// Starts the handler of one worker registration on one request.
+pub(crate) type Dispatch = Arc<dyn Fn(Message) -> HandlerTask + Send + Sync>;
+
+/// State shared by the client handle, the reader task and the writer task.
+pub(crate) struct Conn {
+    state: Mutex<State>,
+    /// The broker's limit from the handshake; larger messages are refused locally.
+    max_send: AtomicUsize,
+}
+
+#[derive(Default)]
+struct State {
+    /// `None` once closed: dropping the last sender lets the writer flush and stop.
+    tx: Option<mpsc::Sender<EncodedFrame>>,
+    /// Why the connection closed, once it has.
+    closed: Option<String>,
+    /// Calls waiting for a `response`, by the id of the message they sent.
+    pending: HashMap<Uuid, oneshot::Sender<Message>>,
+    /// Subscriptions, by the id of their `subscribe` message.
+    subscriptions: HashMap<Uuid, mpsc::Sender<Message>>,
+    /// Worker registrations, by the id of their `create_function` message.
+    workers: HashMap<Uuid, Dispatch>,
+    reader: Option<AbortHandle>,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.lock();
+        f.debug_struct("Conn")
+            .field("closed", &s.closed)
+            .field("pending", &s.pending.len())
+            .field("subscriptions", &s.subscriptions.len())
+            .field("workers", &s.workers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a successful [`establish`] returns.
+pub(crate) struct Established {
+    pub(crate) conn: Arc<Conn>,
+    pub(crate) writer: JoinHandle<()>,
+    pub(crate) welcome: ops::Welcome,
+}
+
+/// Connects, performs the `hello` handshake and starts the reader and writer tasks.
+pub(crate) async fn establish(
+    url: &Url,
+    hello: &ops::Hello,
+    connect_timeout: Duration,
+    max_receive: usize,
+) -> Result<Established> {
+    let connect_err = |source| Error::Connect {
+        url: url.to_string(),
+        source,
+    };
+    let stream = tokio::time::timeout(connect_timeout, tubeway_transport::connect(url))
+        .await
+        .map_err(|_| {
+            connect_err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no connection within {connect_timeout:?}"),
+            ))
+        })?
+        .map_err(connect_err)?;
+
+    let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+    let conn = Arc::new(Conn {
+        state: Mutex::new(State {
+            tx: Some(tx),
+            ..State::default()
+        }),
+        max_send: AtomicUsize::new(max_receive),
+    });
+    let writer = tokio::spawn(write_loop(stream.writer, rx, Arc::downgrade(&conn)));
+    let mut frames = FrameReader::new(stream.reader, max_receive);
+
+    let handshake = async {
+        let msg = Message::serialize(hello)?.with_type(MessageType::Hello);
+        conn.send_frame(conn.encode(&msg)?).await?;
+        read_welcome(&mut frames, msg.id).await
+    };
+    let welcome = match tokio::time::timeout(connect_timeout, handshake).await {
+        Ok(Ok(welcome)) => welcome,
+        Ok(Err(e)) => {
+            conn.close("handshake failed");
+            return Err(match e {
+                Error::ConnectionClosed(why) => Error::Handshake(why),
+                other => other,
+            });
+        }
+        Err(_) => {
+            conn.close("handshake timed out");
+            return Err(Error::Handshake(format!(
+                "no welcome from the broker within {connect_timeout:?}"
+            )));
+        }
+    };
+    let max_send = match usize::try_from(welcome.max_message_size) {
+        Ok(0) => tubeway_proto::DEFAULT_MAX_MESSAGE_SIZE,
+        Ok(n) => n.min(tubeway_proto::MAX_MESSAGE_SIZE_LIMIT),
+        Err(_) => tubeway_proto::MAX_MESSAGE_SIZE_LIMIT,
+    };
+    conn.max_send.store(max_send, Ordering::Relaxed);
+
+    let reader = tokio::spawn(read_loop(conn.clone(), frames));
+    {
+        let mut s = conn.lock();
+        if s.closed.is_some() {
+            // The writer failed in the meantime; do not leave the reader running.
+            reader.abort();
+        } else {
+            s.reader = Some(reader.abort_handle());
+        }
+    }
+    Ok(Established {
+        conn,
+        writer,
+        welcome,
+    })
+}
+
+async fn read_welcome(frames: &mut FrameReader, hello_id: Uuid) -> Result<ops::Welcome> {
+    let msg = match frames.next().await {
+        Ok(Some(Decoded::Message(m))) => m,
+        Ok(Some(other)) => {
+            return Err(Error::Handshake(format!(
+                "unexpected frame during the handshake: {other:?}"
+            )))
+        }
+        Ok(None) => {
+            return Err(Error::Handshake(
+                "the broker closed the connection during the handshake".into(),
+            ))
+        }
+        Err(e) => return Err(Error::Handshake(e.to_string())),
+    };
+    if msg.r#type != MessageType::Response || msg.correlation_id != Some(hello_id) {
+        return Err(Error::Handshake(format!(
+            "expected the response to hello, got {} message",
+            msg.r#type
+        )));
+    }
+    if !msg.status().is_ok() {
+        return Err(Error::Handshake(format!(
+            "{}: {}",
+            msg.status(),
+            crate::error::reason(&msg)
+        )));
+    }
+    msg.data_payload_as::<ops::Welcome>()
+        .map_err(|e| Error::Handshake(format!("bad welcome: {e}")))
+}
+
+async fn write_loop(
+    w: tubeway_transport::BoxWrite,
+    rx: mpsc::Receiver<EncodedFrame>,
+    conn: Weak<Conn>,
+) {
+    let stats = WriteBatch::default();
+    if let Err(e) = tubeway_transport::write_frames(w, rx, &stats).await {
+        tracing::debug!("tubeway connection write failed: {e}");
+        if let Some(conn) = conn.upgrade() {
+            conn.close(&format!("write failed: {e}"));
+        }
+    }
+}
+
+async fn read_loop(conn: Arc<Conn>, mut frames: FrameReader) {
+    let reason = loop {
+        match frames.next().await {
+            Ok(Some(Decoded::Message(m))) => conn.route(m).await,
+            Ok(Some(Decoded::TooLarge {
+                id,
+                type_code,
+                oneway,
+                frame_len,
+                max,
+            })) => {
+                // A response or delivery we cannot read is lost (its caller times out);
+                // a call for our worker is refused so the caller learns why at once.
+                tracing::warn!("skipped a {frame_len}-byte frame (limit {max})");
+                if let (Some(id), false) = (id, oneway) {
+                    if type_code == Some(MessageType::Request.code()) {
+                        let reason = format!(
+                            "request is {frame_len} bytes; this worker accepts at most {max}"
+                        );
+                        conn.reply(id, ResponseStatus::TooLarge, &reason).await;
+                    }
+                }
+            }
+            Ok(Some(Decoded::Invalid {
+                id,
+                type_code,
+                error,
+            })) => {
+                tracing::warn!("skipped an invalid frame: {error}");
+                if let Some(id) = id {
+                    if type_code == Some(MessageType::Request.code()) {
+                        conn.reply(id, ResponseStatus::BadRequest, &error.to_string())
+                            .await;
+                    }
+                }
+            }
+            Ok(Some(other)) => tracing::warn!("skipped an unknown frame: {other:?}"),
+            Ok(None) => break "the broker closed the connection".to_owned(),
+            Err(e) => break e.to_string(),
+        }
+    };
+    tracing::debug!("tubeway connection closed: {reason}");
+    conn.close(&reason);
+}
+
+impl Conn {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every critical section leaves the state consistent, so a panic
+        // elsewhere must not disable the connection.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Routes one message from the broker.
+    async fn route(self: &Arc<Self>, m: Message) {
+        let Some(cid) = m.correlation_id else {
+            if m.r#type == MessageType::Ping && !m.oneway {
+                self.reply(m.id, ResponseStatus::Ok, "").await;
+            } else {
+                tracing::warn!("ignored a {} message without correlation_id", m.r#type);
+            }
+            return;
+        };
+        match m.r#type {
+            MessageType::Response => {
+                let waiter = self.lock().pending.remove(&cid);
+                match waiter {
+                    Some(w) => {
+                        let _ = w.send(m);
+                    }
+                    None => tracing::debug!("response to a call no longer waiting: {cid}"),
+                }
+            }
+            MessageType::Publish => {
+                let sub = self.lock().subscriptions.get(&cid).cloned();
+                match sub {
+                    // Waiting here (not dropping) is deliberate: a slow subscriber
+                    // slows this connection, so the broker sees its buffer fill and
+                    // counts the drops where they can be observed.
+                    Some(sub) => {
+                        let _ = sub.send(m).await;
+                    }
+                    None => tracing::debug!("delivery for an ended subscription: {cid}"),
+                }
+            }
+            MessageType::Unsubscribe => {
+                // The topic was removed: dropping the sender ends the subscription
+                // once its buffered deliveries are read.
+                self.remove_subscription(cid);
+            }
+            MessageType::Request => {
+                let worker = self.lock().workers.get(&cid).cloned();
+                match worker {
+                    Some(dispatch) => {
+                        tokio::spawn(serve_one(self.clone(), dispatch, m));
+                    }
+                    None if m.oneway => {}
+                    None => {
+                        let reason = "this connection no longer serves the function";
+                        self.reply(m.id, ResponseStatus::FunctionNotFound, reason)
+                            .await;
+                    }
+                }
+            }
+            other => tracing::warn!("ignored an unexpected {other} message"),
+        }
+    }
+
+    /// Answers message `to` with `status` and an optional text reason.
+    async fn reply(&self, to: Uuid, status: ResponseStatus, reason: &str) {
+        let mut r = Message::new(MessageType::Response);
+        r.response_status = Some(status);
+        r.correlation_id = Some(to);
+        if !reason.is_empty() {
+            r = r.with_text(reason, MIME_TEXT, "utf-8");
+        }
+        if let Ok(frame) = self.encode(&r) {
+            let _ = self.send_frame(frame).await;
+        }
+    }
+
+    /// Encodes `msg`, refusing it when it exceeds the broker's limit.
+    pub(crate) fn encode(&self, msg: &Message) -> Result<EncodedFrame> {
+        Ok(codec::encode(msg, self.max_send())?)
+    }
+
+    /// The broker's maximum message size.
+    pub(crate) fn max_send(&self) -> usize {
+        self.max_send.load(Ordering::Relaxed)
+    }
+
+    /// Queues a frame for the writer, waiting while the queue is full.
+    pub(crate) async fn send_frame(&self, frame: EncodedFrame) -> Result<()> {
+        let tx = self.lock().tx.clone();
+        match tx {
+            Some(tx) => tx.send(frame).await.map_err(|_| self.closed_error()),
+            None => Err(self.closed_error()),
+        }
+    }
+
+    /// Queues a frame if there is room now; for drop paths, which cannot wait.
+    pub(crate) fn try_send_frame(&self, frame: EncodedFrame) -> bool {
+        let tx = self.lock().tx.clone();
+        tx.is_some_and(|tx| tx.try_send(frame).is_ok())
+    }
+
+    /// Registers a call waiting for the response to `msg`. A message id
+    /// already in flight (the same message sent twice at once) is replaced
+    /// by a fresh one, so each response finds its own caller.
+    pub(crate) fn register_pending(&self, msg: &mut Message) -> Result<oneshot::Receiver<Message>> {
+        let mut s = self.lock();
+        if let Some(reason) = &s.closed {
+            return Err(Error::ConnectionClosed(reason.clone()));
+        }
+        while s.pending.contains_key(&msg.id) {
+            msg.id = Uuid::new_v4();
+        }
+        let (tx, rx) = oneshot::channel();
+        s.pending.insert(msg.id, tx);
+        Ok(rx)
+    }
+
+    /// Forgets a call (it timed out or was cancelled).
+    pub(crate) fn remove_pending(&self, id: Uuid) {
+        let waiter = self.lock().pending.remove(&id);
+        drop(waiter);
+    }
+
+    /// Routes deliveries correlated with `id` to `tx`.
+    pub(crate) fn add_subscription(&self, id: Uuid, tx: mpsc::Sender<Message>) -> Result<()> {
+        let mut s = self.lock();
+        if let Some(reason) = &s.closed {
+            return Err(Error::ConnectionClosed(reason.clone()));
+        }
+        s.subscriptions.insert(id, tx);
+        Ok(())
+    }
+
+    /// Stops routing deliveries for `id`; whether the subscription was still active.
+    pub(crate) fn remove_subscription(&self, id: Uuid) -> bool {
+        let sub = self.lock().subscriptions.remove(&id);
+        sub.is_some()
+    }
+
+    /// Routes requests correlated with `id` to `dispatch`.
+    pub(crate) fn add_worker(&self, id: Uuid, dispatch: Dispatch) -> Result<()> {
+        let mut s = self.lock();
+        if let Some(reason) = &s.closed {
+            return Err(Error::ConnectionClosed(reason.clone()));
+        }
+        s.workers.insert(id, dispatch);
+        Ok(())
+    }
+
+    /// Stops routing requests for `id`; whether the registration was still active.
+    pub(crate) fn remove_worker(&self, id: Uuid) -> bool {
+        let w = self.lock().workers.remove(&id);
+        w.is_some()
+    }
+
+    /// Whether the connection is closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.lock().closed.is_some()
+    }
+
+    /// The error for a call on a closed connection.
+    pub(crate) fn closed_error(&self) -> Error {
+        let reason = self.lock().closed.clone();
+        Error::ConnectionClosed(reason.unwrap_or_else(|| "the connection is closing".into()))
+    }
+
+    /// Closes the connection: fails every pending call, ends every
+    /// subscription and worker, stops the reader, and lets the writer flush
+    /// what is queued and shut the stream down. Idempotent.
+    pub(crate) fn close(&self, reason: &str) {
+        let (tx, pending, subscriptions, workers, reader) = {
+            let mut s = self.lock();
+            if s.closed.is_some() {
+                return;
+            }
+            s.closed = Some(reason.to_owned());
+            (
+                s.tx.take(),
+                std::mem::take(&mut s.pending),
+                std::mem::take(&mut s.subscriptions),
+                std::mem::take(&mut s.workers),
+                s.reader.take(),
+            )
+        };
+        // Dropped outside the lock: waking waiters must not contend on it.
+        drop((tx, pending, subscriptions, workers));
+        if let Some(reader) = reader {
+            reader.abort();
+        }
+    }
+}
+
+/// Runs one request through a worker's handler and sends the answer.
+async fn serve_one(conn: Arc<Conn>, dispatch: Dispatch, req: Message) {
+    let oneway = req.oneway;
+    let mut reply = req.response(ResponseStatus::Ok);
+    let outcome = dispatch(req).await;
+    let error = match outcome {
+        Ok(Ok(out)) => {
+            reply.subject = out.subject.clone();
+            reply = reply.with_payload_of(&out);
+            None
+        }
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(e) if e.is_panic() => Some("handler panicked".to_owned()),
+        Err(_) => Some("handler was cancelled".to_owned()),
+    };
+    if oneway {
+        if let Some(e) = error {
+            tracing::warn!("handler failed on a oneway request: {e}");
+        }
+        return;
+    }
+    if let Some(reason) = error {
+        reply.response_status = Some(ResponseStatus::HandlerError);
+        reply = reply.with_text(reason, MIME_TEXT, "utf-8");
+    }
+    let frame = match conn.encode(&reply) {
+        Ok(frame) => frame,
+        Err(e) => {
+            // The answer cannot be sent as is; tell the caller why instead.
+            let status = e.status().unwrap_or(ResponseStatus::HandlerError);
+            let mut r = Message::new(MessageType::Response);
+            r.response_status = Some(status);
+            r.correlation_id = reply.correlation_id;
+            r.request_id = reply.request_id.take();
+            let r = r.with_text(format!("response not sent: {e}"), MIME_TEXT, "utf-8");
+            match conn.encode(&r) {
+                Ok(frame) => frame,
+                Err(_) => return,
+            }
+        }
+    };
+    let _ = conn.send_frame(frame).await;
+}

@@ -1,0 +1,521 @@
+//! The async client and its options.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tubeway_proto::{ops, Message, MessageType, ResponseStatus};
+use tubeway_transport::Url;
+
+use crate::{Error, Result};
+
+pub mod blocking;
+mod connection;
+mod subscription;
+mod worker;
+
+use connection::Conn;
+pub use subscription::{Subscription, SubscriptionHandle};
+pub use worker::{HandlerError, Worker};
+
+/// How long the client waits beyond a timeout it asked the broker to apply,
+/// so the broker's own answer (`timeout`, `queue_empty`, ...) arrives first.
+const BROKER_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
+
+/// Connection settings.
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// How long a call waits for its response unless told otherwise (30 s).
+    pub timeout: Duration,
+    /// How long connecting and the handshake may take (5 s).
+    pub connect_timeout: Duration,
+    /// The largest message this client accepts from the broker; larger ones
+    /// are skipped unread. Defaults to [`tubeway_proto::DEFAULT_MAX_MESSAGE_SIZE`].
+    pub max_message_size: usize,
+    /// The client name sent in the handshake, shown in the broker's logs.
+    pub name: String,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+            max_message_size: tubeway_proto::DEFAULT_MAX_MESSAGE_SIZE,
+            name: ops::Hello::default().client,
+        }
+    }
+}
+
+/// A connection to a Tubeway broker, for async code (tokio).
+///
+/// Cheap to clone: clones share one connection, on which any number of calls
+/// may be in flight at once; responses are matched to calls by id. The
+/// connection closes when the last clone (and every [`Subscription`] and
+/// [`Worker`] made from it) is dropped, or on [`AsyncClient::close`].
+#[derive(Clone, Debug)]
+pub struct AsyncClient {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    conn: Arc<Conn>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    url: Url,
+    options: ClientOptions,
+    welcome: ops::Welcome,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The reader task holds the connection state, not the client, so it
+        // must be stopped explicitly; the writer flushes and ends by itself.
+        self.conn.close("the client was dropped");
+    }
+}
+
+impl AsyncClient {
+    /// Connects to the broker at `url` (`tcp://host:port`, `unix:///path`,
+    /// `mem://name`) with default options.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, ClientOptions::default()).await
+    }
+
+    /// Connects with `options`.
+    pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Self> {
+        let url: Url = url.parse()?;
+        let hello = ops::Hello {
+            client: options.name.clone(),
+            ..ops::Hello::default()
+        };
+        let est = connection::establish(
+            &url,
+            &hello,
+            options.connect_timeout,
+            options.max_message_size,
+        )
+        .await?;
+        tracing::debug!(%url, server = %est.welcome.server, "connected");
+        Ok(AsyncClient {
+            inner: Arc::new(Inner {
+                conn: est.conn,
+                writer: Mutex::new(Some(est.writer)),
+                url,
+                options,
+                welcome: est.welcome,
+            }),
+        })
+    }
+
+    pub(crate) fn conn(&self) -> &Conn {
+        &self.inner.conn
+    }
+
+    /// The broker's URL.
+    pub fn url(&self) -> &Url {
+        &self.inner.url
+    }
+
+    /// The options this client was created with.
+    pub fn options(&self) -> &ClientOptions {
+        &self.inner.options
+    }
+
+    /// What the broker said in the handshake.
+    pub fn welcome(&self) -> &ops::Welcome {
+        &self.inner.welcome
+    }
+
+    /// The largest message the broker accepts; larger ones fail locally with
+    /// [`Error::TooLarge`] before anything is sent.
+    pub fn max_message_size(&self) -> usize {
+        self.conn().max_send()
+    }
+
+    /// Whether the connection is closed.
+    pub fn is_closed(&self) -> bool {
+        self.conn().is_closed()
+    }
+
+    /// Closes the connection gracefully: calls in flight fail with
+    /// [`Error::ConnectionClosed`], messages already queued (oneway sends)
+    /// are written, then the stream is shut down.
+    pub async fn close(&self) {
+        self.conn().close("closed by the client");
+        let writer = self
+            .inner
+            .writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(writer) = writer {
+            // Bounded: a broker that stopped reading must not hang the caller.
+            let _ = tokio::time::timeout(self.inner.options.connect_timeout, writer).await;
+        }
+    }
+
+    // ----- low level -----
+
+    /// Sends any message and returns its response, whatever its status.
+    /// Waits for the message's own `timeout` plus a margin if it has one,
+    /// else for the default timeout.
+    pub async fn request(&self, msg: Message) -> Result<Message> {
+        let wait = self.wait_for(msg.timeout);
+        self.request_timeout(msg, wait).await
+    }
+
+    /// Sends any message and returns its response, waiting at most `timeout`.
+    pub async fn request_timeout(&self, mut msg: Message, timeout: Duration) -> Result<Message> {
+        let conn = self.conn();
+        let rx = conn.register_pending(&mut msg)?;
+        // Removes the entry however this call ends: answered, timed out, or cancelled.
+        let _pending = PendingGuard { conn, id: msg.id };
+        let exchange = async {
+            conn.send_frame(conn.encode(&msg)?).await?;
+            rx.await.map_err(|_| conn.closed_error())
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .map_err(|_| Error::Timeout(timeout))?
+    }
+
+    /// Sends any message with `oneway` set; returns once it is queued for writing.
+    pub async fn request_oneway(&self, mut msg: Message) -> Result<()> {
+        msg.oneway = true;
+        let conn = self.conn();
+        let frame = conn.encode(&msg)?;
+        tokio::time::timeout(self.inner.options.timeout, conn.send_frame(frame))
+            .await
+            .map_err(|_| Error::Timeout(self.inner.options.timeout))?
+    }
+
+    /// The client-side wait for a message the broker may hold for `broker_timeout`.
+    fn wait_for(&self, broker_timeout: Option<Duration>) -> Duration {
+        broker_timeout.map_or(self.inner.options.timeout, |t| {
+            t.saturating_add(BROKER_TIMEOUT_MARGIN)
+        })
+    }
+
+    /// Sends `msg`; an error status becomes [`Error::Status`].
+    pub(crate) async fn call(&self, msg: Message) -> Result<Message> {
+        let response = self.request(msg).await?;
+        if response.status().is_ok() {
+            Ok(response)
+        } else {
+            Err(Error::from_response(&response))
+        }
+    }
+
+    async fn call_as<T: DeserializeOwned>(&self, msg: Message) -> Result<T> {
+        Ok(self.call(msg).await?.data_payload_as()?)
+    }
+
+    // ----- functions -----
+
+    /// Calls `function` with `msg` and returns its response; an error status
+    /// (`handler_error`, `function_not_found`, `timeout`, ...) becomes
+    /// [`Error::Status`]. Uses the message's `timeout` if set, else the
+    /// default timeout, and tells the broker so it gives up too.
+    pub async fn send(&self, function: &str, msg: Message) -> Result<Message> {
+        let timeout = msg.timeout.unwrap_or(self.inner.options.timeout);
+        self.send_timeout(function, msg, timeout).await
+    }
+
+    /// Calls `function`, giving up after `timeout` (the broker is told, and
+    /// answers `timeout` itself when the handler is slower).
+    pub async fn send_timeout(
+        &self,
+        function: &str,
+        msg: Message,
+        timeout: Duration,
+    ) -> Result<Message> {
+        let msg = msg
+            .with_type(MessageType::Request)
+            .with_destination(function)
+            .with_timeout(timeout);
+        self.call(msg).await
+    }
+
+    /// Calls `function` without waiting for, or getting, a response.
+    pub async fn send_oneway(&self, function: &str, msg: Message) -> Result<()> {
+        let msg = msg
+            .with_type(MessageType::Request)
+            .with_destination(function);
+        self.request_oneway(msg).await
+    }
+
+    /// Serves `function` on this connection with a synchronous handler.
+    ///
+    /// Each call runs on tokio's blocking pool, so calls run concurrently and
+    /// a slow handler never stalls the connection. The returned message's
+    /// payload, mimetype, charset and subject form the `ok` response; an
+    /// `Err` becomes `handler_error` with its `Display` as the reason, and so
+    /// does a panic ("handler panicked"). Oneway calls get no response.
+    pub async fn serve<F>(&self, function: &str, handler: F) -> Result<Worker>
+    where
+        F: Fn(Message) -> std::result::Result<Message, HandlerError> + Send + Sync + 'static,
+    {
+        self.register_worker(function, worker::sync_dispatch(handler))
+            .await
+    }
+
+    /// Serves `function` with an async handler; each call runs on its own task.
+    /// Otherwise as [`AsyncClient::serve`].
+    pub async fn serve_async<F, Fut>(&self, function: &str, handler: F) -> Result<Worker>
+    where
+        F: Fn(Message) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<Message, HandlerError>> + Send + 'static,
+    {
+        self.register_worker(function, worker::async_dispatch(handler))
+            .await
+    }
+
+    async fn register_worker(
+        &self,
+        function: &str,
+        dispatch: connection::Dispatch,
+    ) -> Result<Worker> {
+        let msg = Message::new(MessageType::CreateFunction).with_destination(function);
+        let id = msg.id;
+        // Routed before sending: the first call may follow the `ok` immediately.
+        self.conn().add_worker(id, dispatch)?;
+        match self.call(msg).await {
+            Ok(_) => Ok(Worker::new(self.clone(), function.to_owned(), id)),
+            Err(e) => {
+                self.conn().remove_worker(id);
+                Err(e)
+            }
+        }
+    }
+
+    /// Removes `function` (a local handler or every worker's registration).
+    pub async fn remove_function(&self, function: &str) -> Result<()> {
+        self.call(op(MessageType::RemoveFunction, function))
+            .await
+            .map(drop)
+    }
+
+    /// The status of `function`.
+    pub async fn function_status(&self, function: &str) -> Result<ops::FunctionStatus> {
+        self.call_as(op(MessageType::FunctionStatus, function))
+            .await
+    }
+
+    /// The status of every function.
+    pub async fn list_functions(&self) -> Result<Vec<ops::FunctionStatus>> {
+        self.call_as(Message::new(MessageType::ListFunctions)).await
+    }
+
+    // ----- queues -----
+
+    /// Puts `msg` on `queue`. If a bounded queue is full, the broker waits
+    /// up to `timeout` for room, then answers `queue_full`.
+    pub async fn offer(&self, queue: &str, msg: Message, timeout: Duration) -> Result<()> {
+        let msg = msg
+            .with_type(MessageType::Offer)
+            .with_destination(queue)
+            .with_timeout(timeout);
+        self.call(msg).await.map(drop)
+    }
+
+    /// Takes the next message from `queue`, waiting up to `timeout` for one;
+    /// `None` if the queue stayed empty. The message keeps the fields it was
+    /// offered with (id, subject, request_id, reply_to, payload, ...); its
+    /// type is `response`.
+    pub async fn poll(&self, queue: &str, timeout: Duration) -> Result<Option<Message>> {
+        let msg = op(MessageType::Poll, queue).with_timeout(timeout);
+        let response = self.request(msg).await?;
+        match response.status() {
+            ResponseStatus::Ok => Ok(Some(response)),
+            ResponseStatus::QueueEmpty => Ok(None),
+            _ => Err(Error::from_response(&response)),
+        }
+    }
+
+    /// Creates `name` holding at most `capacity` messages; `conflict` if it
+    /// exists with other settings.
+    pub async fn create_queue(
+        &self,
+        name: &str,
+        capacity: u64,
+        kind: ops::QueueKind,
+    ) -> Result<ops::QueueStatus> {
+        let body = ops::CreateQueue {
+            capacity,
+            kind,
+            durable: false,
+        };
+        self.call_as(json_op(MessageType::CreateQueue, Some(name), &body)?)
+            .await
+    }
+
+    /// Creates a queue named by the broker and removed when this connection closes.
+    pub async fn create_temporary_queue(
+        &self,
+        capacity: u64,
+        kind: ops::QueueKind,
+    ) -> Result<ops::QueueStatus> {
+        let body = ops::CreateQueue {
+            capacity,
+            kind,
+            durable: false,
+        };
+        self.call_as(json_op(MessageType::CreateTemporaryQueue, None, &body)?)
+            .await
+    }
+
+    /// Removes `name` and the messages it holds.
+    pub async fn remove_queue(&self, name: &str) -> Result<()> {
+        self.call(op(MessageType::RemoveQueue, name))
+            .await
+            .map(drop)
+    }
+
+    /// Whether queue `name` exists.
+    pub async fn exists_queue(&self, name: &str) -> Result<bool> {
+        let e: ops::Exists = self.call_as(op(MessageType::ExistsQueue, name)).await?;
+        Ok(e.exists)
+    }
+
+    /// The status of queue `name`.
+    pub async fn queue_status(&self, name: &str) -> Result<ops::QueueStatus> {
+        self.call_as(op(MessageType::QueueStatus, name)).await
+    }
+
+    /// The status of every queue.
+    pub async fn list_queues(&self) -> Result<Vec<ops::QueueStatus>> {
+        self.call_as(Message::new(MessageType::ListQueues)).await
+    }
+
+    // ----- topics -----
+
+    /// Creates topic `name` (existing topics are left as they are).
+    pub async fn create_topic(&self, name: &str) -> Result<ops::TopicStatus> {
+        self.call_as(op(MessageType::CreateTopic, name)).await
+    }
+
+    /// Removes topic `name`; its subscriptions end.
+    pub async fn remove_topic(&self, name: &str) -> Result<()> {
+        self.call(op(MessageType::RemoveTopic, name))
+            .await
+            .map(drop)
+    }
+
+    /// The status of topic `name`.
+    pub async fn topic_status(&self, name: &str) -> Result<ops::TopicStatus> {
+        self.call_as(op(MessageType::TopicStatus, name)).await
+    }
+
+    /// The status of every topic.
+    pub async fn list_topics(&self) -> Result<Vec<ops::TopicStatus>> {
+        self.call_as(Message::new(MessageType::ListTopics)).await
+    }
+
+    /// Publishes `msg` to `topic` and waits for the broker to accept it.
+    pub async fn publish(&self, topic: &str, msg: Message) -> Result<()> {
+        let msg = msg.with_type(MessageType::Publish).with_destination(topic);
+        self.call(msg).await.map(drop)
+    }
+
+    /// Publishes without waiting for the broker; returns once queued for writing.
+    pub async fn publish_oneway(&self, topic: &str, msg: Message) -> Result<()> {
+        let msg = msg.with_type(MessageType::Publish).with_destination(topic);
+        self.request_oneway(msg).await
+    }
+
+    /// Subscribes to `topic` with the broker's default buffer and a
+    /// client-side buffer of 1024 deliveries. See [`Subscription`] on
+    /// back-pressure.
+    pub async fn subscribe(&self, topic: &str) -> Result<Subscription> {
+        self.subscribe_inner(topic, None).await
+    }
+
+    /// Subscribes asking the broker to buffer up to `buffer` deliveries for
+    /// this subscriber; the client buffers as many.
+    pub async fn subscribe_with_buffer(&self, topic: &str, buffer: usize) -> Result<Subscription> {
+        self.subscribe_inner(topic, Some(buffer)).await
+    }
+
+    /// Subscribes and runs `handler` on each delivery, in order, on a
+    /// blocking-pool thread.
+    pub async fn subscribe_with<F>(&self, topic: &str, handler: F) -> Result<SubscriptionHandle>
+    where
+        F: Fn(Message) + Send + 'static,
+    {
+        let sub = self.subscribe(topic).await?;
+        Ok(SubscriptionHandle::spawn(sub, handler))
+    }
+
+    async fn subscribe_inner(&self, topic: &str, buffer: Option<usize>) -> Result<Subscription> {
+        let msg = match buffer {
+            None => op(MessageType::Subscribe, topic),
+            Some(n) => {
+                let body = ops::Subscribe {
+                    buffer: Some(u64::try_from(n).unwrap_or(u64::MAX)),
+                };
+                json_op(MessageType::Subscribe, Some(topic), &body)?
+            }
+        };
+        let id = msg.id;
+        let (tx, rx) = mpsc::channel(buffer.unwrap_or(subscription::DEFAULT_BUFFER).max(1));
+        // Routed before sending: deliveries may follow the `ok` immediately.
+        self.conn().add_subscription(id, tx)?;
+        match self.call(msg).await {
+            Ok(_) => Ok(Subscription::new(self.clone(), topic.to_owned(), id, rx)),
+            Err(e) => {
+                self.conn().remove_subscription(id);
+                Err(e)
+            }
+        }
+    }
+
+    // ----- broker -----
+
+    /// Broker statistics.
+    pub async fn stats(&self) -> Result<ops::Stats> {
+        self.call_as(Message::new(MessageType::Stats)).await
+    }
+
+    /// Measures one round trip to the broker.
+    pub async fn ping(&self) -> Result<Duration> {
+        let start = Instant::now();
+        self.call(Message::new(MessageType::Ping)).await?;
+        Ok(start.elapsed())
+    }
+}
+
+/// Removes a pending call's entry when the call ends, however it ends.
+struct PendingGuard<'a> {
+    conn: &'a Conn,
+    id: uuid::Uuid,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        self.conn.remove_pending(self.id);
+    }
+}
+
+/// An operation message on `destination` with no payload.
+fn op(r#type: MessageType, destination: &str) -> Message {
+    Message::new(r#type).with_destination(destination)
+}
+
+/// An operation message with a JSON body.
+fn json_op<T: Serialize>(
+    r#type: MessageType,
+    destination: Option<&str>,
+    body: &T,
+) -> Result<Message> {
+    let mut msg = Message::serialize(body)?.with_type(r#type);
+    msg.destination = destination.map(str::to_owned);
+    Ok(msg)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,105 @@
+//! Serving a function: this connection answers calls the broker forwards.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tubeway_proto::{Message, MessageType};
+use uuid::Uuid;
+
+use super::connection::Dispatch;
+use super::AsyncClient;
+use crate::Result;
+
+/// What a handler returns on failure; its `Display` becomes the
+/// `handler_error` reason the caller sees.
+pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A function this connection serves, from [`AsyncClient::serve`].
+///
+/// Calls run concurrently, each on its own task. Dropping the worker stops
+/// serving best-effort (a oneway `remove_function`); [`Worker::stop`] waits
+/// for the broker to confirm.
+#[must_use = "dropping a Worker stops serving the function"]
+#[derive(Debug)]
+pub struct Worker {
+    client: AsyncClient,
+    function: String,
+    id: Uuid,
+    active: bool,
+}
+
+impl Worker {
+    pub(crate) fn new(client: AsyncClient, function: String, id: Uuid) -> Self {
+        Worker {
+            client,
+            function,
+            id,
+            active: true,
+        }
+    }
+
+    /// The function served.
+    pub fn function(&self) -> &str {
+        &self.function
+    }
+
+    /// The id of the registration (the `create_function` message's id).
+    pub fn id(&self) -> Uuid {
+        self.id
+    }
+
+    /// Stops serving: sends `remove_function` and waits for the broker's answer.
+    /// Calls that arrive before the broker has processed it are still answered.
+    pub async fn stop(mut self) -> Result<()> {
+        self.active = false;
+        if self.client.is_closed() {
+            return Ok(());
+        }
+        let result = self.client.call(self.remove_message()).await;
+        self.client.conn().remove_worker(self.id);
+        result.map(drop)
+    }
+
+    fn remove_message(&self) -> Message {
+        let mut msg = Message::new(MessageType::RemoveFunction).with_destination(&self.function);
+        msg.correlation_id = Some(self.id);
+        msg
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let conn = self.client.conn();
+        if self.active && conn.remove_worker(self.id) {
+            // Calls the broker sends before it processes this are refused
+            // with function_not_found by the reader, so none goes unanswered.
+            let mut msg = self.remove_message();
+            msg.oneway = true;
+            if let Ok(frame) = conn.encode(&msg) {
+                conn.try_send_frame(frame);
+            }
+        }
+    }
+}
+
+/// Runs a synchronous handler on the blocking pool, so a slow handler never
+/// stalls the connection's reader or the async runtime.
+pub(crate) fn sync_dispatch<F>(handler: F) -> Dispatch
+where
+    F: Fn(Message) -> std::result::Result<Message, HandlerError> + Send + Sync + 'static,
+{
+    let handler = Arc::new(handler);
+    Arc::new(move |msg| {
+        let handler = handler.clone();
+        tokio::task::spawn_blocking(move || handler(msg))
+    })
+}
+
+/// Runs an async handler on its own task, so a panic is caught and reported.
+pub(crate) fn async_dispatch<F, Fut>(handler: F) -> Dispatch
+where
+    F: Fn(Message) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = std::result::Result<Message, HandlerError>> + Send + 'static,
+{
+    Arc::new(move |msg| tokio::spawn(handler(msg)))
+}
