@@ -101,9 +101,9 @@ impl Message {
     }
 
     fn is_utf8_charset(&self) -> bool {
-        self.payload_charset.as_deref().map_or(true, |c| {
-            c.eq_ignore_ascii_case("utf-8") || c.eq_ignore_ascii_case("utf8")
-        })
+        self.payload_charset
+            .as_deref()
+            .is_none_or(|c| c.eq_ignore_ascii_case("utf-8") || c.eq_ignore_ascii_case("utf8"))
     }
 
     /// Compact JSON, one line.

@@ -1,0 +1,537 @@
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tubeway_proto::name;
+use tubeway_proto::ops::{FunctionStatus, QueueKind, QueueStatus, Stats, TopicStatus};
+use tubeway_proto::{Message, ResponseStatus};
+use tubeway_transport::{Listener, Url};
+use uuid::Uuid;
+
+use crate::config::BrokerConfig;
+use crate::function::{Function, Handler, HandlerError, HandlerFuture};
+use crate::queue::{Queue, QueueError};
+use crate::stats::Counters;
+use crate::topic::Topic;
+
+/// Why the broker refused an operation: the response status a client would
+/// receive, and a short reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{status}: {reason}")]
+#[non_exhaustive]
+pub struct BrokerError {
+    /// The response status.
+    pub status: ResponseStatus,
+    /// A short human-readable reason.
+    pub reason: String,
+}
+
+impl BrokerError {
+    pub(crate) fn new(status: ResponseStatus, reason: impl Into<String>) -> Self {
+        BrokerError {
+            status,
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn bad_request(reason: impl Into<String>) -> Self {
+        BrokerError::new(ResponseStatus::BadRequest, reason)
+    }
+
+    pub(crate) fn shutting_down() -> Self {
+        BrokerError::new(ResponseStatus::Unavailable, "broker is shutting down")
+    }
+}
+
+pub(crate) type Refusal = BrokerError;
+
+pub(crate) fn check_name(n: Option<&str>) -> Result<&str, BrokerError> {
+    let n = n.ok_or_else(|| BrokerError::bad_request("missing destination"))?;
+    name::validate(n).map_err(|e| BrokerError::bad_request(format!("bad name {n:?}: {e}")))?;
+    Ok(n)
+}
+
+pub(crate) fn queue_error(q: &str, e: QueueError) -> BrokerError {
+    match e {
+        QueueError::Full => {
+            BrokerError::new(ResponseStatus::QueueFull, format!("queue {q:?} is full"))
+        }
+        QueueError::Empty => {
+            BrokerError::new(ResponseStatus::QueueEmpty, format!("queue {q:?} is empty"))
+        }
+        QueueError::Removed => BrokerError::new(
+            ResponseStatus::QueueNotFound,
+            format!("queue {q:?} was removed"),
+        ),
+        QueueError::Expired => BrokerError::new(
+            ResponseStatus::Expired,
+            "message expired before it was queued",
+        ),
+    }
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub config: BrokerConfig,
+    pub queues: RwLock<HashMap<String, Arc<Queue>>>,
+    pub topics: RwLock<HashMap<String, Arc<Topic>>>,
+    pub functions: RwLock<HashMap<String, Arc<Function>>>,
+    pub counters: Counters,
+    pub shutdown: CancellationToken,
+    pub tracker: TaskTracker,
+    next_conn: std::sync::atomic::AtomicU64,
+    started: Instant,
+    listening: Mutex<Vec<Url>>,
+}
+
+impl Inner {
+    pub fn next_conn_id(&self) -> u64 {
+        self.next_conn.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub fn queue(&self, name: &str) -> Result<Arc<Queue>, BrokerError> {
+        read(&self.queues).get(name).cloned().ok_or_else(|| {
+            BrokerError::new(
+                ResponseStatus::QueueNotFound,
+                format!("no queue named {name:?}"),
+            )
+        })
+    }
+
+    pub fn topic(&self, name: &str) -> Result<Arc<Topic>, BrokerError> {
+        read(&self.topics).get(name).cloned().ok_or_else(|| {
+            BrokerError::new(
+                ResponseStatus::TopicNotFound,
+                format!("no topic named {name:?}"),
+            )
+        })
+    }
+
+    pub fn function(&self, name: &str) -> Result<Arc<Function>, BrokerError> {
+        read(&self.functions).get(name).cloned().ok_or_else(|| {
+            BrokerError::new(
+                ResponseStatus::FunctionNotFound,
+                format!("no function named {name:?}"),
+            )
+        })
+    }
+
+    pub fn create_queue(
+        &self,
+        name: &str,
+        capacity: u64,
+        kind: QueueKind,
+        owner: Option<u64>,
+    ) -> Result<QueueStatus, BrokerError> {
+        name::validate(name)
+            .map_err(|e| BrokerError::bad_request(format!("bad queue name {name:?}: {e}")))?;
+        if capacity == 0 || capacity > self.config.max_queue_capacity {
+            return Err(BrokerError::bad_request(format!(
+                "capacity must be between 1 and {}",
+                self.config.max_queue_capacity
+            )));
+        }
+        let mut qs = write(&self.queues);
+        if let Some(q) = qs.get(name) {
+            // Declaring an existing queue with the same settings succeeds, as in AMQP.
+            if q.capacity == capacity && q.kind == kind && q.owner.is_none() && owner.is_none() {
+                return Ok(q.status());
+            }
+            return Err(BrokerError::new(
+                ResponseStatus::Conflict,
+                format!(
+                    "queue {name:?} exists as {} with capacity {}",
+                    q.kind.as_str(),
+                    q.capacity
+                ),
+            ));
+        }
+        let q = Arc::new(Queue::new(name.to_owned(), capacity, kind, owner));
+        let status = q.status();
+        qs.insert(name.to_owned(), q);
+        Ok(status)
+    }
+
+    pub fn remove_queue(&self, name: &str) -> Result<(), BrokerError> {
+        let q = write(&self.queues).remove(name);
+        match q {
+            Some(q) => {
+                q.close();
+                Ok(())
+            }
+            None => Err(BrokerError::new(
+                ResponseStatus::QueueNotFound,
+                format!("no queue named {name:?}"),
+            )),
+        }
+    }
+
+    pub fn create_topic(&self, name: &str) -> Result<TopicStatus, BrokerError> {
+        name::validate(name)
+            .map_err(|e| BrokerError::bad_request(format!("bad topic name {name:?}: {e}")))?;
+        let mut ts = write(&self.topics);
+        let t = ts
+            .entry(name.to_owned())
+            .or_insert_with(|| Arc::new(Topic::new(name.to_owned())));
+        Ok(t.status())
+    }
+
+    pub fn remove_topic(&self, name: &str) -> Result<(), BrokerError> {
+        let t = write(&self.topics).remove(name);
+        match t {
+            Some(t) => {
+                t.close();
+                Ok(())
+            }
+            None => Err(BrokerError::new(
+                ResponseStatus::TopicNotFound,
+                format!("no topic named {name:?}"),
+            )),
+        }
+    }
+
+    pub fn remove_function(&self, name: &str) -> Result<(), BrokerError> {
+        write(&self.functions)
+            .remove(name)
+            .map(|_| ())
+            .ok_or_else(|| {
+                BrokerError::new(
+                    ResponseStatus::FunctionNotFound,
+                    format!("no function named {name:?}"),
+                )
+            })
+    }
+
+    pub fn list_queues(&self) -> Vec<QueueStatus> {
+        let mut v: Vec<_> = read(&self.queues).values().map(|q| q.status()).collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    pub fn list_topics(&self) -> Vec<TopicStatus> {
+        let mut v: Vec<_> = read(&self.topics).values().map(|t| t.status()).collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    pub fn list_functions(&self) -> Vec<FunctionStatus> {
+        let mut v: Vec<_> = read(&self.functions).values().map(|f| f.status()).collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    pub fn stats(&self) -> Stats {
+        let c = &self.counters;
+        let mut queues: Vec<_> = read(&self.queues).values().map(|q| q.stats()).collect();
+        queues.sort_by(|a, b| a.status.name.cmp(&b.status.name));
+        Stats {
+            uptime_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            connections: Counters::get(&c.connections),
+            connections_total: Counters::get(&c.connections_total),
+            connections_rejected: Counters::get(&c.connections_rejected),
+            messages_in: Counters::get(&c.messages_in),
+            messages_out: Counters::get(&c.messages_out),
+            errors: Counters::get(&c.errors),
+            queues,
+            topics: self.list_topics(),
+            functions: self.list_functions(),
+        }
+    }
+
+    fn add_function(&self, name: &str, handler: Handler) -> Result<(), BrokerError> {
+        name::validate(name)
+            .map_err(|e| BrokerError::bad_request(format!("bad function name {name:?}: {e}")))?;
+        let mut fs = write(&self.functions);
+        if fs.get(name).is_some_and(|f| !f.is_unserved()) {
+            return Err(BrokerError::new(
+                ResponseStatus::Conflict,
+                format!("function {name:?} already exists"),
+            ));
+        }
+        fs.insert(
+            name.to_owned(),
+            Arc::new(Function::local(name.to_owned(), handler)),
+        );
+        Ok(())
+    }
+}
+
+/// An embeddable broker. Cheap to clone: clones share one broker.
+///
+/// The broker runs on the tokio runtime that calls [`Broker::listen`].
+#[derive(Debug, Clone)]
+pub struct Broker {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl Broker {
+    /// A broker with `config`, serving nothing until [`Broker::listen`].
+    pub fn new(config: BrokerConfig) -> Broker {
+        Broker {
+            inner: Arc::new(Inner {
+                config,
+                queues: RwLock::default(),
+                topics: RwLock::default(),
+                functions: RwLock::default(),
+                counters: Counters::default(),
+                shutdown: CancellationToken::new(),
+                tracker: TaskTracker::new(),
+                next_conn: Default::default(),
+                started: Instant::now(),
+                listening: Mutex::default(),
+            }),
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &BrokerConfig {
+        &self.inner.config
+    }
+
+    /// Starts serving `url` (any number of addresses may be served at once)
+    /// and returns the address actually bound: with `tcp://host:0`, the port
+    /// the OS chose. Must be called within a tokio runtime.
+    pub async fn listen(&self, url: &Url) -> io::Result<Url> {
+        if self.inner.shutdown.is_cancelled() {
+            return Err(io::Error::other("broker is shut down"));
+        }
+        let mut listener = Listener::bind(url).await?;
+        let bound = listener.local_url().clone();
+        self.inner
+            .listening
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(bound.clone());
+        tracing::info!(url = %bound, "listening");
+        let inner = self.inner.clone();
+        self.inner.tracker.spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    _ = inner.shutdown.cancelled() => break,
+                    a = listener.accept() => a,
+                };
+                match accepted {
+                    Ok(conn) => {
+                        let inner2 = inner.clone();
+                        inner.tracker.spawn(crate::session::run(inner2, conn));
+                    }
+                    Err(e) => {
+                        // Out of descriptors or similar: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+            drop(listener);
+        });
+        Ok(bound)
+    }
+
+    /// The addresses being served.
+    pub fn local_urls(&self) -> Vec<Url> {
+        self.inner
+            .listening
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Registers a function served by `handler` inside this process. The
+    /// handler runs on the broker's runtime, so it should be quick; use
+    /// [`Broker::create_async_function`] for handlers that wait. An error or a
+    /// panic becomes a `handler_error` response; the broker keeps serving.
+    pub fn create_function<F>(&self, name: &str, handler: F) -> Result<(), BrokerError>
+    where
+        F: Fn(Message) -> Result<Message, HandlerError> + Send + Sync + 'static,
+    {
+        self.inner
+            .add_function(name, Handler::Sync(Arc::new(handler)))
+    }
+
+    /// Registers a function served by an async handler.
+    pub fn create_async_function<F, Fut>(&self, name: &str, handler: F) -> Result<(), BrokerError>
+    where
+        F: Fn(Message) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<Message, HandlerError>> + Send + 'static,
+    {
+        let f = move |m: Message| -> HandlerFuture { Box::pin(handler(m)) };
+        self.inner.add_function(name, Handler::Async(Arc::new(f)))
+    }
+
+    /// Removes a function (its local handler and its workers).
+    pub fn remove_function(&self, name: &str) -> Result<(), BrokerError> {
+        self.inner.remove_function(name)
+    }
+
+    /// Calls a function from inside the process, as a client would.
+    pub async fn call(&self, function: &str, mut msg: Message) -> Result<Message, BrokerError> {
+        msg.destination = Some(function.to_owned());
+        msg.oneway = false;
+        let f = self.inner.function(function)?;
+        let resp = f
+            .call(msg)
+            .await?
+            .ok_or_else(|| BrokerError::new(ResponseStatus::ServerError, "no response"))?;
+        match resp.status() {
+            ResponseStatus::Ok => Ok(resp),
+            status => Err(BrokerError::new(
+                status,
+                resp.text_payload()
+                    .map(|t| t.into_owned())
+                    .unwrap_or_default(),
+            )),
+        }
+    }
+
+    /// Creates a queue; succeeds without change if it exists with the same settings.
+    pub fn create_queue(
+        &self,
+        name: &str,
+        capacity: u64,
+        kind: QueueKind,
+    ) -> Result<QueueStatus, BrokerError> {
+        self.inner.create_queue(name, capacity, kind, None)
+    }
+
+    /// Removes a queue; waiting pollers are answered `queue_not_found`.
+    pub fn remove_queue(&self, name: &str) -> Result<(), BrokerError> {
+        self.inner.remove_queue(name)
+    }
+
+    /// The status of a queue.
+    pub fn queue_status(&self, name: &str) -> Result<QueueStatus, BrokerError> {
+        Ok(self.inner.queue(name)?.status())
+    }
+
+    /// Every queue's status.
+    pub fn list_queues(&self) -> Vec<QueueStatus> {
+        self.inner.list_queues()
+    }
+
+    /// Offers a message, waiting up to `timeout` for room in a full bounded queue.
+    pub async fn offer(
+        &self,
+        queue: &str,
+        msg: Message,
+        timeout: Duration,
+    ) -> Result<(), BrokerError> {
+        let q = self.inner.queue(queue)?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        q.offer(msg, Some(deadline))
+            .await
+            .map_err(|e| queue_error(queue, e))
+    }
+
+    /// Polls a message, waiting up to `timeout`; `None` when the queue stayed empty.
+    pub async fn poll(
+        &self,
+        queue: &str,
+        timeout: Duration,
+    ) -> Result<Option<Message>, BrokerError> {
+        let q = self.inner.queue(queue)?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        match q.poll(Some(deadline)).await {
+            Ok(m) => Ok(Some(m)),
+            Err(QueueError::Empty) => Ok(None),
+            Err(e) => Err(queue_error(queue, e)),
+        }
+    }
+
+    /// Creates a topic; succeeds if it exists.
+    pub fn create_topic(&self, name: &str) -> Result<TopicStatus, BrokerError> {
+        self.inner.create_topic(name)
+    }
+
+    /// Removes a topic; its subscribers are told.
+    pub fn remove_topic(&self, name: &str) -> Result<(), BrokerError> {
+        self.inner.remove_topic(name)
+    }
+
+    /// Every topic's status.
+    pub fn list_topics(&self) -> Vec<TopicStatus> {
+        self.inner.list_topics()
+    }
+
+    /// Publishes to every current subscriber of `topic` without waiting.
+    pub fn publish(&self, topic: &str, msg: Message) -> Result<(), BrokerError> {
+        self.inner.topic(topic)?.publish(&msg);
+        Ok(())
+    }
+
+    /// Subscribes `handler` inside this process; it is called once per
+    /// message, in publish order, on a task of its own. Returns the
+    /// subscription id for [`Broker::unsubscribe`].
+    pub fn subscribe<F>(&self, topic: &str, handler: F) -> Result<Uuid, BrokerError>
+    where
+        F: Fn(Message) + Send + Sync + 'static,
+    {
+        let t = self.inner.topic(topic)?;
+        let id = Uuid::new_v4();
+        let mut rx = t.subscribe(id, None, self.inner.config.subscriber_buffer);
+        self.inner.tracker.spawn(async move {
+            while let Some(m) = rx.recv().await {
+                if m.r#type == tubeway_proto::MessageType::Publish {
+                    handler(m);
+                }
+            }
+        });
+        Ok(id)
+    }
+
+    /// Ends a subscription made with [`Broker::subscribe`].
+    pub fn unsubscribe(&self, topic: &str, id: Uuid) -> Result<bool, BrokerError> {
+        Ok(self.inner.topic(topic)?.unsubscribe(None, Some(id)) > 0)
+    }
+
+    /// Every function's status.
+    pub fn list_functions(&self) -> Vec<FunctionStatus> {
+        self.inner.list_functions()
+    }
+
+    /// Broker statistics.
+    pub fn stats(&self) -> Stats {
+        self.inner.stats()
+    }
+
+    /// Whether [`Broker::shutdown`] has begun.
+    pub fn is_shut_down(&self) -> bool {
+        self.inner.shutdown.is_cancelled()
+    }
+
+    /// Shuts down gracefully: stops accepting, answers waiting pollers and
+    /// offers with `unavailable`, lets in-flight requests finish, closes every
+    /// connection. Returns within [`BrokerConfig::shutdown_timeout`] (plus a
+    /// little to flush).
+    pub async fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+        self.inner.tracker.close();
+        let grace = self.inner.config.shutdown_timeout + Duration::from_millis(500);
+        if tokio::time::timeout(grace, self.inner.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                tasks = self.inner.tracker.len(),
+                "shutdown grace period over; abandoning tasks"
+            );
+        }
+        for t in read(&self.inner.topics).values() {
+            t.close();
+        }
+        for q in read(&self.inner.queues).values() {
+            q.close();
+        }
+    }
+}

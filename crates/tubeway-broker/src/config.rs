@@ -1,0 +1,73 @@
+use std::time::Duration;
+
+use tubeway_proto::{DEFAULT_MAX_MESSAGE_SIZE, MAX_MESSAGE_SIZE_LIMIT};
+
+/// Broker settings. Defaults are safe for a shared machine.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct BrokerConfig {
+    /// Largest frame accepted or sent, in bytes (default 20 MiB; at most 1 GiB).
+    pub max_message_size: usize,
+    /// Live connections allowed at once; further ones are refused with `unavailable`.
+    pub max_connections: usize,
+    /// Deliveries buffered per subscriber before new ones are dropped (and counted).
+    pub subscriber_buffer: usize,
+    /// Largest queue capacity a client may ask for.
+    pub max_queue_capacity: u64,
+    /// Requests one connection may have waiting at once (polls, offers, calls);
+    /// past this the broker stops reading from that connection.
+    pub max_in_flight_per_connection: usize,
+    /// How long a new connection has to send `hello`.
+    pub handshake_timeout: Duration,
+    /// How long [`crate::Broker::shutdown`] lets in-flight requests finish.
+    pub shutdown_timeout: Duration,
+    /// Name reported in the handshake.
+    pub server_name: String,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+            max_connections: 10_000,
+            subscriber_buffer: 1024,
+            max_queue_capacity: 10_000_000,
+            max_in_flight_per_connection: 4096,
+            handshake_timeout: Duration::from_secs(10),
+            shutdown_timeout: Duration::from_secs(5),
+            server_name: concat!("tubeway/", env!("CARGO_PKG_VERSION")).to_owned(),
+        }
+    }
+}
+
+impl BrokerConfig {
+    /// Sets the maximum message size, clamped to 1 GiB and to at least 64 KiB.
+    pub fn max_message_size(mut self, bytes: usize) -> Self {
+        self.max_message_size = bytes.clamp(64 * 1024, MAX_MESSAGE_SIZE_LIMIT);
+        self
+    }
+
+    /// Sets the connection limit.
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n;
+        self
+    }
+
+    /// Sets the per-subscriber buffer.
+    pub fn subscriber_buffer(mut self, n: usize) -> Self {
+        self.subscriber_buffer = n.max(1);
+        self
+    }
+
+    /// Sets the shutdown grace period.
+    pub fn shutdown_timeout(mut self, d: Duration) -> Self {
+        self.shutdown_timeout = d;
+        self
+    }
+
+    /// Sets the handshake timeout.
+    pub fn handshake_timeout(mut self, d: Duration) -> Self {
+        self.handshake_timeout = d;
+        self
+    }
+}

@@ -1,0 +1,195 @@
+//! Request/reply functions: handlers inside the broker process, and remote
+//! workers (client connections that serve a function), chosen round-robin.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures::FutureExt as _;
+use tubeway_proto::ops::FunctionStatus;
+use tubeway_proto::{Message, ResponseStatus};
+use uuid::Uuid;
+
+use crate::broker::BrokerError;
+use crate::session::SessionShared;
+
+/// The error a function handler returns; its `Display` becomes the reason of
+/// the `handler_error` response.
+pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The future an async function handler returns.
+pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Message, HandlerError>> + Send>>;
+
+type SyncFn = dyn Fn(Message) -> Result<Message, HandlerError> + Send + Sync;
+type AsyncFn = dyn Fn(Message) -> HandlerFuture + Send + Sync;
+
+#[derive(Clone)]
+pub(crate) enum Handler {
+    Sync(Arc<SyncFn>),
+    Async(Arc<AsyncFn>),
+}
+
+impl std::fmt::Debug for Handler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Handler::Sync(_) => "Handler::Sync",
+            Handler::Async(_) => "Handler::Async",
+        })
+    }
+}
+
+impl Handler {
+    /// Runs the handler, turning an error or a panic into a reason.
+    async fn run(&self, req: Message) -> Result<Message, String> {
+        let outcome = match self {
+            Handler::Sync(f) => std::panic::catch_unwind(AssertUnwindSafe(|| f(req))),
+            Handler::Async(f) => {
+                let f = f.clone();
+                AssertUnwindSafe(async move { f(req).await })
+                    .catch_unwind()
+                    .await
+            }
+        };
+        match outcome {
+            Ok(Ok(m)) => Ok(m),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(panic) => Err(format!("handler panicked: {}", panic_text(&*panic))),
+        }
+    }
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> &str {
+    p.downcast_ref::<&str>()
+        .copied()
+        .or_else(|| p.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct WorkerRef {
+    pub registration: Uuid,
+    pub session: Arc<SessionShared>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Function {
+    pub name: String,
+    pub local: Option<Handler>,
+    workers: Mutex<Vec<WorkerRef>>,
+    next: AtomicUsize,
+    calls: AtomicU64,
+    errors: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Function {
+    fn with(name: String, local: Option<Handler>) -> Self {
+        Function {
+            name,
+            local,
+            workers: Mutex::default(),
+            next: AtomicUsize::new(0),
+            calls: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+        }
+    }
+
+    /// A function served by a handler inside the broker process.
+    pub fn local(name: String, handler: Handler) -> Self {
+        Function::with(name, Some(handler))
+    }
+
+    /// A function served by remote workers only.
+    pub fn remote(name: String) -> Self {
+        Function::with(name, None)
+    }
+
+    pub fn add_worker(&self, w: WorkerRef) {
+        lock(&self.workers).push(w);
+    }
+
+    /// Removes `conn`'s workers (those registered as `registration`, or all).
+    /// Returns how many workers remain.
+    pub fn remove_workers(&self, conn: u64, registration: Option<Uuid>) -> usize {
+        let mut ws = lock(&self.workers);
+        ws.retain(|w| !(w.session.id == conn && registration.is_none_or(|r| r == w.registration)));
+        ws.len()
+    }
+
+    pub fn is_unserved(&self) -> bool {
+        self.local.is_none() && lock(&self.workers).is_empty()
+    }
+
+    fn pick_worker(&self) -> Option<WorkerRef> {
+        let ws = lock(&self.workers);
+        if ws.is_empty() {
+            return None;
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % ws.len();
+        ws.get(i).cloned()
+    }
+
+    /// Calls the function. `Ok(None)` for a oneway call; otherwise the
+    /// response to send to the caller (ok or `handler_error`).
+    pub async fn call(&self, req: Message) -> Result<Option<Message>, BrokerError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let result = self.dispatch(req).await;
+        let failed = match &result {
+            Err(_) => true,
+            Ok(Some(r)) => r.response_status != Some(ResponseStatus::Ok),
+            Ok(None) => false,
+        };
+        if failed {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    async fn dispatch(&self, req: Message) -> Result<Option<Message>, BrokerError> {
+        if let Some(h) = &self.local {
+            let oneway = req.oneway;
+            let template = req.response(ResponseStatus::Ok);
+            let out = h.run(req).await;
+            if oneway {
+                if let Err(reason) = out {
+                    tracing::warn!(function = %self.name, %reason, "oneway call failed");
+                }
+                return Ok(None);
+            }
+            return Ok(Some(match out {
+                Ok(m) => {
+                    let mut r = template.with_payload_of(&m);
+                    r.subject = m.subject;
+                    r
+                }
+                Err(reason) => {
+                    let mut r = template.with_text(reason, tubeway_proto::MIME_TEXT, "utf-8");
+                    r.response_status = Some(ResponseStatus::HandlerError);
+                    r
+                }
+            }));
+        }
+        let worker = self.pick_worker().ok_or_else(|| {
+            BrokerError::new(
+                ResponseStatus::FunctionNotFound,
+                format!("function {:?} has no workers", self.name),
+            )
+        })?;
+        worker.session.forward_call(req, worker.registration).await
+    }
+
+    pub fn status(&self) -> FunctionStatus {
+        FunctionStatus {
+            name: self.name.clone(),
+            local: self.local.is_some(),
+            workers: lock(&self.workers).len() as u64,
+            calls: self.calls.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,846 @@
+//! One client connection: handshake, request dispatch, deliveries, clean-up.
+//!
+//! Requests that complete at once (publish, an offer with room, a poll that
+//! finds a message, management) are handled in order on the reading task, so
+//! pipelined publishes and offers keep their order. Requests that may wait (a
+//! poll on an empty queue, an offer to a full one, a function call) run on
+//! tasks of their own, so they never block the connection or the broker.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tubeway_proto::ops::{self, Hello, Welcome};
+use tubeway_proto::{
+    codec, Decoded, EncodedFrame, Message, MessageType, PayloadKind, ResponseStatus, MIME_JSON,
+    MIME_TEXT, PROTOCOL_VERSION,
+};
+use tubeway_transport::{write_frames, Connection, FrameReader, ReadError, WriteBatch};
+use uuid::Uuid;
+
+use crate::access::{self, Identity};
+use crate::broker::{check_name, queue_error, BrokerError, Inner};
+use crate::function::{Function, WorkerRef};
+use crate::queue::QueueError;
+use crate::stats::Counters;
+
+/// Frames queued for one connection's writer before responders wait.
+const WRITE_QUEUE: usize = 1024;
+/// Largest per-subscriber buffer a client may ask for.
+const MAX_SUBSCRIBER_BUFFER: u64 = 1 << 20;
+/// How long a closing connection's writer may take to flush.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Capabilities this broker offers.
+const CAPABILITIES: &[&str] = &[ops::CAP_PING, ops::CAP_WORKERS];
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// What a response needs to know of the request it answers.
+#[derive(Debug, Clone)]
+struct ReplyTo {
+    id: Uuid,
+    request_id: Option<String>,
+    oneway: bool,
+}
+
+impl ReplyTo {
+    fn of(m: &Message) -> Self {
+        ReplyTo {
+            id: m.id,
+            request_id: m.request_id.clone(),
+            oneway: m.oneway,
+        }
+    }
+
+    fn response(&self, status: ResponseStatus) -> Message {
+        let mut r = Message::new(MessageType::Response);
+        r.response_status = Some(status);
+        r.correlation_id = Some(self.id);
+        r.request_id.clone_from(&self.request_id);
+        r
+    }
+
+    fn error(&self, e: &BrokerError) -> Message {
+        self.response(e.status)
+            .with_text(e.reason.clone(), MIME_TEXT, "utf-8")
+    }
+
+    fn json<T: Serialize>(&self, body: &T) -> Message {
+        let mut r = self.response(ResponseStatus::Ok);
+        r.set_payload(
+            serde_json::to_vec(body).unwrap_or_default().into(),
+            Some(MIME_JSON),
+            None,
+        );
+        r
+    }
+}
+
+/// The part of a session other tasks hold: the way to write to the peer, and
+/// the calls forwarded to it as a worker.
+#[derive(Debug)]
+pub(crate) struct SessionShared {
+    pub id: u64,
+    peer: String,
+    inner: Arc<Inner>,
+    writer: mpsc::Sender<EncodedFrame>,
+    worker_calls: Mutex<HashMap<Uuid, oneshot::Sender<Message>>>,
+    /// Cancelled when the peer is gone: waiting requests stop at once.
+    gone: CancellationToken,
+}
+
+impl SessionShared {
+    /// Queues `msg` for the peer. False when the connection is gone.
+    pub async fn send(&self, msg: &Message) -> bool {
+        if self.gone.is_cancelled() {
+            return false;
+        }
+        let max = self.inner.config.max_message_size;
+        let frame = match codec::encode(msg, max) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, error = %e, "cannot encode outgoing message");
+                if msg.r#type != MessageType::Response {
+                    return true;
+                }
+                // The caller still gets an answer, just not the oversized one.
+                let mut r = Message::new(MessageType::Response);
+                r.correlation_id = msg.correlation_id;
+                r.request_id.clone_from(&msg.request_id);
+                r.response_status = Some(ResponseStatus::TooLarge);
+                let r = r.with_text(format!("response not sent: {e}"), MIME_TEXT, "utf-8");
+                match codec::encode(&r, max) {
+                    Ok(f) => f,
+                    Err(_) => return true,
+                }
+            }
+        };
+        if self.writer.send(frame).await.is_err() {
+            return false;
+        }
+        Counters::inc(&self.inner.counters.messages_out);
+        true
+    }
+
+    /// Sends `reply`, counting errors; a oneway request gets nothing.
+    async fn answer(&self, to: &ReplyTo, result: Result<Message, BrokerError>) -> bool {
+        let msg = match result {
+            Ok(m) => m,
+            Err(e) => {
+                Counters::inc(&self.inner.counters.errors);
+                tracing::debug!(peer = %self.peer, status = %e.status, reason = %e.reason, "refused");
+                to.error(&e)
+            }
+        };
+        if to.oneway {
+            return true;
+        }
+        self.send(&msg).await
+    }
+
+    /// Forwards a call to this connection, which serves the function as a
+    /// worker, and waits for its answer.
+    pub async fn forward_call(
+        &self,
+        req: Message,
+        registration: Uuid,
+    ) -> Result<Option<Message>, BrokerError> {
+        let caller = ReplyTo::of(&req);
+        let mut fwd = req;
+        fwd.id = Uuid::new_v4();
+        fwd.correlation_id = Some(registration);
+        let fwd_id = fwd.id;
+        let rx = if caller.oneway {
+            None
+        } else {
+            let (tx, rx) = oneshot::channel();
+            lock(&self.worker_calls).insert(fwd_id, tx);
+            Some(rx)
+        };
+        // Removes the entry however this call ends (answer, timeout, caller gone).
+        struct Pending<'a>(&'a Mutex<HashMap<Uuid, oneshot::Sender<Message>>>, Uuid);
+        impl Drop for Pending<'_> {
+            fn drop(&mut self) {
+                lock(self.0).remove(&self.1);
+            }
+        }
+        let _pending = Pending(&self.worker_calls, fwd_id);
+        let gone = || {
+            BrokerError::new(
+                ResponseStatus::ServerError,
+                "worker disconnected before answering",
+            )
+        };
+        if !self.send(&fwd).await {
+            return Err(gone());
+        }
+        let Some(rx) = rx else { return Ok(None) };
+        let mut resp = rx.await.map_err(|_| gone())?;
+        resp.id = Uuid::new_v4();
+        resp.correlation_id = Some(caller.id);
+        resp.request_id = caller.request_id;
+        if resp.response_status.is_none() {
+            resp.response_status = Some(ResponseStatus::ServerError);
+        }
+        Ok(Some(resp))
+    }
+
+    fn worker_answered(&self, resp: Message) {
+        let waiter = resp
+            .correlation_id
+            .and_then(|c| lock(&self.worker_calls).remove(&c));
+        match waiter {
+            Some(tx) => {
+                let _ = tx.send(resp);
+            }
+            // The call timed out or its caller left; nothing to do.
+            None => tracing::debug!(peer = %self.peer, "response to no pending call"),
+        }
+    }
+}
+
+/// What the session must undo when it ends.
+#[derive(Debug, Default)]
+struct Owned {
+    temporary_queues: Vec<String>,
+    subscriptions: Vec<(String, Uuid)>,
+    workers: Vec<(String, Uuid)>,
+}
+
+struct Session {
+    inner: Arc<Inner>,
+    shared: Arc<SessionShared>,
+    identity: Identity,
+    inflight: Arc<Semaphore>,
+    owned: Owned,
+}
+
+/// Serves one connection until it closes or the broker shuts down.
+pub(crate) async fn run(inner: Arc<Inner>, conn: Connection) {
+    let Connection {
+        reader,
+        writer,
+        peer,
+    } = conn;
+    let id = inner.next_conn_id();
+    Counters::inc(&inner.counters.connections_total);
+    let live = inner.counters.connections.fetch_add(1, Ordering::Relaxed) + 1;
+    let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+    let batch = Arc::new(WriteBatch::default());
+    let writer_task = {
+        let batch = batch.clone();
+        tokio::spawn(async move { write_frames(writer, rx, &batch).await })
+    };
+    let shared = Arc::new(SessionShared {
+        id,
+        peer: peer.clone(),
+        inner: inner.clone(),
+        writer: tx,
+        worker_calls: Mutex::default(),
+        gone: CancellationToken::new(),
+    });
+    let mut reader = FrameReader::new(reader, inner.config.max_message_size);
+    let over_limit = live > inner.config.max_connections as u64;
+
+    if handshake(&inner, &shared, &mut reader, over_limit).await {
+        tracing::debug!(conn = id, %peer, "connected");
+        let mut session = Session {
+            inner: inner.clone(),
+            shared: shared.clone(),
+            identity: Identity::anonymous(),
+            inflight: Arc::new(Semaphore::new(inner.config.max_in_flight_per_connection)),
+            owned: Owned::default(),
+        };
+        session.serve(&mut reader).await;
+        session.close().await;
+    } else {
+        Counters::inc(&inner.counters.connections_rejected);
+    }
+    shared.gone.cancel();
+    drop(shared);
+    drop(reader);
+    // The writer ends once every holder of the session is gone; a peer that
+    // stopped reading must not hold the task forever.
+    match tokio::time::timeout(FLUSH_TIMEOUT, writer_task).await {
+        Ok(Ok(Err(e))) => tracing::debug!(conn = id, error = %e, "writer ended"),
+        Err(_) => tracing::debug!(conn = id, "writer did not flush in time"),
+        _ => {}
+    }
+    inner.counters.connections.fetch_sub(1, Ordering::Relaxed);
+    tracing::debug!(conn = id, %peer, "closed");
+}
+
+/// Reads `hello` and answers it. False when the connection must close.
+async fn handshake(
+    inner: &Inner,
+    shared: &SessionShared,
+    reader: &mut FrameReader,
+    over_limit: bool,
+) -> bool {
+    let first = tokio::select! {
+        _ = inner.shutdown.cancelled() => return false,
+        r = tokio::time::timeout(inner.config.handshake_timeout, reader.next()) => r,
+    };
+    let hello = match first {
+        Err(_) => {
+            tracing::info!(peer = %shared.peer, "no hello in time; closing");
+            return false;
+        }
+        Ok(Ok(Some(Decoded::Message(m)))) => m,
+        Ok(Ok(None)) => return false,
+        Ok(Ok(Some(other))) => {
+            tracing::warn!(peer = %shared.peer, frame = ?other, "bad first frame; closing");
+            send_uncorrelated(shared, ResponseStatus::BadRequest, "expected hello").await;
+            return false;
+        }
+        Ok(Err(e)) => {
+            report_read_error(shared, &e).await;
+            return false;
+        }
+    };
+    Counters::inc(&inner.counters.messages_in);
+    let to = ReplyTo::of(&hello);
+    let refuse = |status, reason: String| Err(BrokerError::new(status, reason));
+    let outcome: Result<Welcome, BrokerError> = if hello.r#type != MessageType::Hello {
+        refuse(
+            ResponseStatus::BadRequest,
+            format!("expected hello as the first frame, got {}", hello.r#type),
+        )
+    } else if over_limit {
+        refuse(
+            ResponseStatus::Unavailable,
+            format!(
+                "connection limit of {} reached",
+                inner.config.max_connections
+            ),
+        )
+    } else {
+        match hello.data_payload_as::<Hello>() {
+            Err(e) => refuse(ResponseStatus::BadRequest, format!("bad hello: {e}")),
+            Ok(h) if h.min_version > PROTOCOL_VERSION || h.max_version < PROTOCOL_VERSION => {
+                refuse(
+                    ResponseStatus::UnsupportedVersion,
+                    format!(
+                        "client speaks versions {}..={}, this broker speaks {PROTOCOL_VERSION}",
+                        h.min_version, h.max_version
+                    ),
+                )
+            }
+            Ok(h) => Ok(Welcome {
+                version: PROTOCOL_VERSION,
+                capabilities: h
+                    .capabilities
+                    .into_iter()
+                    .filter(|c| CAPABILITIES.contains(&c.as_str()))
+                    .collect(),
+                max_message_size: inner.config.max_message_size as u64,
+                server: inner.config.server_name.clone(),
+                connection_id: shared.id,
+            }),
+        }
+    };
+    let ok = outcome.is_ok();
+    if let Err(e) = &outcome {
+        tracing::info!(peer = %shared.peer, reason = %e.reason, "handshake refused");
+    }
+    shared.answer(&to, outcome.map(|w| to.json(&w))).await && ok
+}
+
+async fn send_uncorrelated(shared: &SessionShared, status: ResponseStatus, reason: &str) {
+    let mut r = Message::new(MessageType::Response);
+    r.response_status = Some(status);
+    let r = r.with_text(reason, MIME_TEXT, "utf-8");
+    shared.send(&r).await;
+}
+
+async fn report_read_error(shared: &SessionShared, e: &ReadError) {
+    match e {
+        ReadError::Decode(d) => {
+            Counters::inc(&shared.inner.counters.errors);
+            tracing::warn!(peer = %shared.peer, error = %d, "protocol error; closing");
+            send_uncorrelated(
+                shared,
+                ResponseStatus::BadRequest,
+                &format!("protocol error: {d}; closing the connection"),
+            )
+            .await;
+        }
+        ReadError::UnexpectedEof(n) => {
+            tracing::info!(peer = %shared.peer, partial = n, "peer closed mid-frame")
+        }
+        other => tracing::debug!(peer = %shared.peer, error = %other, "read ended"),
+    }
+}
+
+fn deadline(m: &Message) -> Option<Instant> {
+    m.timeout
+        .filter(|t| !t.is_zero())
+        .map(|t| Instant::now() + t)
+}
+
+impl Session {
+    async fn serve(&mut self, reader: &mut FrameReader) {
+        loop {
+            let item = tokio::select! {
+                biased;
+                _ = self.inner.shutdown.cancelled() => return,
+                r = reader.next() => r,
+            };
+            let counters = &self.inner.counters;
+            match item {
+                Ok(Some(Decoded::Message(m))) => {
+                    Counters::inc(&counters.messages_in);
+                    self.handle(m).await;
+                }
+                Ok(Some(Decoded::Invalid { id, error, .. })) => {
+                    Counters::inc(&counters.messages_in);
+                    tracing::warn!(peer = %self.shared.peer, %error, "invalid frame");
+                    if let Some(id) = id {
+                        let to = ReplyTo {
+                            id,
+                            request_id: None,
+                            oneway: false,
+                        };
+                        let e = BrokerError::bad_request(format!("invalid message: {error}"));
+                        self.shared.answer(&to, Err(e)).await;
+                    }
+                }
+                Ok(Some(Decoded::TooLarge {
+                    id,
+                    oneway,
+                    frame_len,
+                    max,
+                    ..
+                })) => {
+                    Counters::inc(&counters.messages_in);
+                    tracing::warn!(peer = %self.shared.peer, frame_len, max, "message too large; skipped");
+                    if let Some(id) = id {
+                        let to = ReplyTo {
+                            id,
+                            request_id: None,
+                            oneway,
+                        };
+                        let e = BrokerError::new(
+                            ResponseStatus::TooLarge,
+                            format!("message is {frame_len} bytes; the maximum is {max}"),
+                        );
+                        self.shared.answer(&to, Err(e)).await;
+                    }
+                }
+                Ok(Some(other)) => {
+                    tracing::warn!(peer = %self.shared.peer, frame = ?other, "unhandled frame")
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    report_read_error(&self.shared, &e).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn handle(&mut self, m: Message) {
+        if m.r#type == MessageType::Response {
+            self.shared.worker_answered(m);
+            return;
+        }
+        let to = ReplyTo::of(&m);
+        if let Err(e) = m.validate_payload() {
+            let e = BrokerError::bad_request(e.to_string());
+            self.shared.answer(&to, Err(e)).await;
+            return;
+        }
+        if let Err(e) = access::authorize(&self.identity, m.r#type, m.destination.as_deref()) {
+            self.shared.answer(&to, Err(e)).await;
+            return;
+        }
+        let result = match m.r#type {
+            MessageType::Request => return self.call(m).await,
+            MessageType::Offer => return self.offer(m).await,
+            MessageType::Poll => return self.poll(m).await,
+            MessageType::Subscribe => return self.subscribe(m).await,
+            _ => self.immediate(&to, m),
+        };
+        self.shared.answer(&to, result).await;
+    }
+
+    /// Operations that complete without waiting.
+    fn immediate(&mut self, to: &ReplyTo, m: Message) -> Result<Message, BrokerError> {
+        let inner = &self.inner;
+        let dest = || check_name(m.destination.as_deref());
+        match m.r#type {
+            MessageType::Ping => Ok(to.response(ResponseStatus::Ok)),
+            MessageType::Publish => {
+                let topic = inner.topic(dest()?)?;
+                if m.is_expired() {
+                    return Err(BrokerError::new(
+                        ResponseStatus::Expired,
+                        "message expired before it was published",
+                    ));
+                }
+                let mut m = m;
+                m.timeout = None;
+                m.oneway = false;
+                topic.publish(&m);
+                Ok(to.response(ResponseStatus::Ok))
+            }
+            MessageType::Unsubscribe => {
+                let name = dest()?;
+                let removed = inner
+                    .topic(name)?
+                    .unsubscribe(Some(self.shared.id), m.correlation_id);
+                self.owned
+                    .subscriptions
+                    .retain(|(t, id)| !(t == name && m.correlation_id.is_none_or(|c| c == *id)));
+                if removed == 0 {
+                    return Err(BrokerError::bad_request(format!(
+                        "no such subscription to {name:?}"
+                    )));
+                }
+                Ok(to.response(ResponseStatus::Ok))
+            }
+            MessageType::CreateQueue => {
+                let body: ops::CreateQueue = body(&m)?;
+                durable_unsupported(body.durable)?;
+                Ok(to.json(&inner.create_queue(dest()?, body.capacity, body.kind, None)?))
+            }
+            MessageType::CreateTemporaryQueue => {
+                let body: ops::CreateQueue = body(&m)?;
+                durable_unsupported(body.durable)?;
+                let name = format!("tmp.{}.{}", self.shared.id, Uuid::new_v4().simple());
+                let status =
+                    inner.create_queue(&name, body.capacity, body.kind, Some(self.shared.id))?;
+                self.owned.temporary_queues.push(name);
+                Ok(to.json(&status))
+            }
+            MessageType::RemoveQueue => {
+                let name = dest()?;
+                inner.remove_queue(name)?;
+                self.owned.temporary_queues.retain(|q| q != name);
+                Ok(to.response(ResponseStatus::Ok))
+            }
+            MessageType::QueueStatus => Ok(to.json(&inner.queue(dest()?)?.status())),
+            MessageType::ExistsQueue => Ok(to.json(&ops::Exists {
+                exists: inner.queue(dest()?).is_ok(),
+            })),
+            MessageType::ListQueues => Ok(to.json(&inner.list_queues())),
+            MessageType::CreateTopic => Ok(to.json(&inner.create_topic(dest()?)?)),
+            MessageType::RemoveTopic => {
+                let name = dest()?;
+                inner.remove_topic(name)?;
+                self.owned.subscriptions.retain(|(t, _)| t != name);
+                Ok(to.response(ResponseStatus::Ok))
+            }
+            MessageType::TopicStatus => Ok(to.json(&inner.topic(dest()?)?.status())),
+            MessageType::ListTopics => Ok(to.json(&inner.list_topics())),
+            MessageType::CreateFunction => {
+                self.register_worker(dest()?, m.id)?;
+                Ok(to.response(ResponseStatus::Ok))
+            }
+            MessageType::RemoveFunction => {
+                let name = dest()?;
+                if self.owned.workers.iter().any(|(f, _)| f == name) {
+                    self.deregister_workers(name, m.correlation_id);
+                } else {
+                    inner.remove_function(name)?;
+                }
+                Ok(to.response(ResponseStatus::Ok))
+            }
+            MessageType::FunctionStatus => Ok(to.json(&inner.function(dest()?)?.status())),
+            MessageType::ListFunctions => Ok(to.json(&inner.list_functions())),
+            MessageType::Stats => Ok(to.json(&inner.stats())),
+            other => Err(BrokerError::bad_request(format!(
+                "{other} is not a request a client may send here"
+            ))),
+        }
+    }
+
+    /// Runs `op` on a task of its own, bounded by the connection's in-flight
+    /// limit; it stops early if the peer goes away.
+    async fn spawn<F>(&self, to: ReplyTo, op: F)
+    where
+        F: Future<Output = Option<Result<Message, BrokerError>>> + Send + 'static,
+    {
+        // Waiting here stops this connection's reads: back-pressure on a client
+        // that floods requests it does not wait for.
+        let Ok(permit) = self.inflight.clone().acquire_owned().await else {
+            return;
+        };
+        let shared = self.shared.clone();
+        self.inner.tracker.spawn(async move {
+            let _permit = permit;
+            let result = tokio::select! {
+                _ = shared.gone.cancelled() => return,
+                r = op => r,
+            };
+            if let Some(result) = result {
+                shared.answer(&to, result).await;
+            }
+        });
+    }
+
+    async fn call(&mut self, m: Message) {
+        let to = ReplyTo::of(&m);
+        let f = match check_name(m.destination.as_deref()).and_then(|n| self.inner.function(n)) {
+            Ok(f) => f,
+            Err(e) => {
+                self.shared.answer(&to, Err(e)).await;
+                return;
+            }
+        };
+        if m.is_expired() {
+            let e = BrokerError::new(
+                ResponseStatus::Expired,
+                "request expired before it was handled",
+            );
+            self.shared.answer(&to, Err(e)).await;
+            return;
+        }
+        let timeout = m.timeout.filter(|t| !t.is_zero());
+        self.spawn(to, async move {
+            let call = f.call(m);
+            let outcome = match timeout {
+                Some(t) => match tokio::time::timeout(t, call).await {
+                    Ok(r) => r,
+                    Err(_) => Err(BrokerError::new(
+                        ResponseStatus::Timeout,
+                        format!("no answer within {} ms", t.as_millis()),
+                    )),
+                },
+                None => call.await,
+            };
+            match outcome {
+                Ok(None) => None,
+                Ok(Some(resp)) => Some(Ok(resp)),
+                Err(e) => Some(Err(e)),
+            }
+        })
+        .await;
+    }
+
+    async fn offer(&mut self, mut m: Message) {
+        let to = ReplyTo::of(&m);
+        let q = match check_name(m.destination.as_deref()).and_then(|n| self.inner.queue(n)) {
+            Ok(q) => q,
+            Err(e) => {
+                self.shared.answer(&to, Err(e)).await;
+                return;
+            }
+        };
+        let wait_until = deadline(&m);
+        // The offer's own options are not part of the queued message.
+        m.timeout = None;
+        m.oneway = false;
+        let ok = |to: &ReplyTo| to.response(ResponseStatus::Ok);
+        match q.offer_now(m) {
+            Ok(()) => {
+                self.shared.answer(&to, Ok(ok(&to))).await;
+            }
+            Err((QueueError::Full, m)) if wait_until.is_some() => {
+                let shutdown = self.inner.shutdown.clone();
+                let to2 = to.clone();
+                self.spawn(to, async move {
+                    let r = tokio::select! {
+                        r = q.offer(m, wait_until) => r.map(|()| ok(&to2)).map_err(|e| queue_error(&q.name, e)),
+                        _ = shutdown.cancelled() => Err(BrokerError::shutting_down()),
+                    };
+                    Some(r)
+                })
+                .await;
+            }
+            Err((e, m)) => {
+                // Count the refusal the same way a timed-out wait would.
+                let e = match e {
+                    QueueError::Full => q.offer(m, None).await.err().unwrap_or(e),
+                    e => e,
+                };
+                self.shared.answer(&to, Err(queue_error(&q.name, e))).await;
+            }
+        }
+    }
+
+    async fn poll(&mut self, m: Message) {
+        let to = ReplyTo {
+            oneway: false,
+            ..ReplyTo::of(&m)
+        };
+        let q = match check_name(m.destination.as_deref()).and_then(|n| self.inner.queue(n)) {
+            Ok(q) => q,
+            Err(e) => {
+                self.shared.answer(&to, Err(e)).await;
+                return;
+            }
+        };
+        match q.poll_now() {
+            Ok(found) => deliver_polled(&self.shared, &q, &to, found).await,
+            Err(QueueError::Empty) if deadline(&m).is_some() => {
+                let wait_until = deadline(&m);
+                let shared = self.shared.clone();
+                let shutdown = self.inner.shutdown.clone();
+                let to2 = to.clone();
+                self.spawn(to, async move {
+                    let r = tokio::select! {
+                        r = q.poll(wait_until) => r,
+                        _ = shutdown.cancelled() => return Some(Err(BrokerError::shutting_down())),
+                    };
+                    match r {
+                        Ok(found) => {
+                            deliver_polled(&shared, &q, &to2, found).await;
+                            None
+                        }
+                        Err(e) => Some(Err(queue_error(&q.name, e))),
+                    }
+                })
+                .await;
+            }
+            Err(e) => {
+                self.shared.answer(&to, Err(queue_error(&q.name, e))).await;
+            }
+        }
+    }
+
+    async fn subscribe(&mut self, m: Message) {
+        let to = ReplyTo::of(&m);
+        let result = (|| {
+            let name = check_name(m.destination.as_deref())?;
+            let topic = self.inner.topic(name)?;
+            let buffer = if m.payload_kind() == PayloadKind::Data {
+                body::<ops::Subscribe>(&m)?.buffer
+            } else {
+                None
+            };
+            let buffer = buffer
+                .unwrap_or(self.inner.config.subscriber_buffer as u64)
+                .clamp(1, MAX_SUBSCRIBER_BUFFER) as usize;
+            Ok((topic, buffer))
+        })();
+        let (topic, buffer) = match result {
+            Ok(x) => x,
+            Err(e) => {
+                self.shared.answer(&to, Err(e)).await;
+                return;
+            }
+        };
+        let mut rx = topic.subscribe(m.id, Some(self.shared.id), buffer);
+        self.owned.subscriptions.push((topic.name.clone(), m.id));
+        // The answer is queued before any delivery, so the client knows the
+        // subscription before its first message arrives.
+        self.shared
+            .answer(&to, Ok(to.response(ResponseStatus::Ok)))
+            .await;
+        let shared = self.shared.clone();
+        self.inner.tracker.spawn(async move {
+            while let Some(d) = rx.recv().await {
+                if !shared.send(&d).await {
+                    break;
+                }
+            }
+        });
+    }
+
+    fn register_worker(&mut self, name: &str, registration: Uuid) -> Result<(), BrokerError> {
+        let mut fs = self
+            .inner
+            .functions
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let f = fs
+            .entry(name.to_owned())
+            .or_insert_with(|| Arc::new(Function::remote(name.to_owned())));
+        if f.local.is_some() {
+            return Err(BrokerError::new(
+                ResponseStatus::Conflict,
+                format!("function {name:?} is served inside the broker"),
+            ));
+        }
+        f.add_worker(WorkerRef {
+            registration,
+            session: self.shared.clone(),
+        });
+        self.owned.workers.push((name.to_owned(), registration));
+        Ok(())
+    }
+
+    fn deregister_workers(&mut self, name: &str, registration: Option<Uuid>) {
+        let mut fs = self
+            .inner
+            .functions
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(f) = fs.get(name) {
+            if f.remove_workers(self.shared.id, registration) == 0 && f.is_unserved() {
+                fs.remove(name);
+            }
+        }
+        self.owned
+            .workers
+            .retain(|(f, r)| !(f == name && registration.is_none_or(|x| x == *r)));
+    }
+
+    /// Undoes everything the connection set up.
+    async fn close(mut self) {
+        if self.inner.shutdown.is_cancelled() {
+            // Graceful: let this connection's in-flight requests finish first.
+            let all = self.inner.config.max_in_flight_per_connection as u32;
+            let _ = tokio::time::timeout(
+                self.inner.config.shutdown_timeout,
+                self.inflight.acquire_many(all),
+            )
+            .await;
+        }
+        self.shared.gone.cancel();
+        for q in std::mem::take(&mut self.owned.temporary_queues) {
+            let _ = self.inner.remove_queue(&q);
+        }
+        for (t, id) in std::mem::take(&mut self.owned.subscriptions) {
+            if let Ok(topic) = self.inner.topic(&t) {
+                topic.unsubscribe(Some(self.shared.id), Some(id));
+            }
+        }
+        let names: Vec<String> = self.owned.workers.iter().map(|(f, _)| f.clone()).collect();
+        for f in names {
+            self.deregister_workers(&f, None);
+        }
+        // Callers waiting on this worker get "worker disconnected".
+        lock(&self.shared.worker_calls).clear();
+    }
+}
+
+/// Hands a polled message to the poller; if the poller is gone, the message
+/// goes back to the head of the queue rather than being lost.
+async fn deliver_polled(
+    shared: &SessionShared,
+    q: &crate::queue::Queue,
+    to: &ReplyTo,
+    found: Message,
+) {
+    let mut r = found.clone();
+    r.r#type = MessageType::Response;
+    r.response_status = Some(ResponseStatus::Ok);
+    r.correlation_id = Some(to.id);
+    if !shared.send(&r).await {
+        q.requeue(found);
+    }
+}
+
+fn body<T: serde::de::DeserializeOwned>(m: &Message) -> Result<T, BrokerError> {
+    m.data_payload_as()
+        .map_err(|e| BrokerError::bad_request(format!("bad {} body: {e}", m.r#type)))
+}
+
+fn durable_unsupported(durable: bool) -> Result<(), BrokerError> {
+    if durable {
+        return Err(BrokerError::bad_request(
+            "durable queues are not available in this broker yet",
+        ));
+    }
+    Ok(())
+}
