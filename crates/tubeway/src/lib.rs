@@ -24,6 +24,9 @@ pub use client::{
     AsyncClient, ClientOptions, HandlerError, Subscription, SubscriptionHandle, Worker,
 };
 pub use error::{Error, Result};
+/// The embeddable broker: run one inside any program.
+pub use tubeway_broker as broker;
+pub use tubeway_broker::{Broker, BrokerConfig};
 pub use tubeway_proto::{
     ops, Message, MessageType, PayloadError, PayloadKind, ResponseStatus, MIME_BINARY, MIME_JSON,
     MIME_TEXT,
