@@ -391,6 +391,12 @@ impl Conn {
         w.is_some()
     }
 
+    /// Calls waiting for a response.
+    #[cfg(test)]
+    pub(crate) fn pending_len(&self) -> usize {
+        self.lock().pending.len()
+    }
+
     /// Whether the connection is closed.
     pub(crate) fn is_closed(&self) -> bool {
         self.lock().closed.is_some()

@@ -1,1 +1,779 @@
+//! Client tests against a scripted fake broker on an in-process pipe.
 
+use std::future::Future;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tubeway_proto::{codec, ops, Decoded, EncodedFrame, Message, MessageType, ResponseStatus};
+use tubeway_transport::{FrameReader, Listener, Url, WriteBatch};
+use uuid::Uuid;
+
+use super::{AsyncClient, ClientOptions};
+use crate::{Client, Error};
+
+/// Upper bound for any single step, so a bug fails a test instead of hanging it.
+const STEP: Duration = Duration::from_secs(5);
+
+async fn within<F: Future>(f: F) -> F::Output {
+    tokio::time::timeout(STEP, f)
+        .await
+        .expect("test step timed out")
+}
+
+/// The broker side of one connection, driven by the test.
+struct Peer {
+    frames: FrameReader,
+    tx: mpsc::Sender<EncodedFrame>,
+}
+
+impl Peer {
+    async fn recv(&mut self) -> Message {
+        match within(self.frames.next()).await {
+            Ok(Some(Decoded::Message(m))) => m,
+            other => panic!("expected a message, got {other:?}"),
+        }
+    }
+
+    /// Waits for the client to close its side.
+    async fn expect_eof(&mut self) {
+        loop {
+            match within(self.frames.next()).await {
+                Ok(Some(Decoded::Message(_))) => continue,
+                Ok(None) | Err(_) => return,
+                Ok(Some(other)) => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
+    async fn send(&mut self, m: &Message) {
+        let frame = codec::encode(m, tubeway_proto::MAX_MESSAGE_SIZE_LIMIT).unwrap();
+        within(self.tx.send(frame)).await.unwrap();
+    }
+
+    async fn answer(&mut self, to: &Message, status: ResponseStatus) {
+        self.send(&to.response(status)).await;
+    }
+
+    async fn echo(&mut self, to: &Message) {
+        self.send(&to.response(ResponseStatus::Ok).with_payload_of(to))
+            .await;
+    }
+}
+
+fn mem_url() -> Url {
+    Url::Mem(format!("client-test-{}", Uuid::new_v4()))
+}
+
+/// Accepts one connection on `url` without answering anything.
+async fn accept(listener: &mut Listener) -> Peer {
+    let conn = within(listener.accept()).await.unwrap();
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        let stats = WriteBatch::default();
+        let _ = tubeway_transport::write_frames(conn.writer, rx, &stats).await;
+    });
+    Peer {
+        frames: FrameReader::new(conn.reader, tubeway_proto::MAX_MESSAGE_SIZE_LIMIT),
+        tx,
+    }
+}
+
+/// Reads the hello and welcomes the client with `max_message_size`.
+async fn welcome(peer: &mut Peer, max_message_size: u64) {
+    let hello = peer.recv().await;
+    assert_eq!(hello.r#type, MessageType::Hello);
+    let body: ops::Hello = hello.data_payload_as().unwrap();
+    assert_eq!(body.max_version, tubeway_proto::PROTOCOL_VERSION);
+    let w = ops::Welcome {
+        version: 1,
+        capabilities: vec![],
+        max_message_size,
+        server: "fake".into(),
+        connection_id: 7,
+    };
+    let mut r = Message::serialize(&w)
+        .unwrap()
+        .with_type(MessageType::Response);
+    r.response_status = Some(ResponseStatus::Ok);
+    r.correlation_id = Some(hello.id);
+    peer.send(&r).await;
+}
+
+async fn pair_with(options: ClientOptions, max_message_size: u64) -> (AsyncClient, Peer) {
+    let url = mem_url();
+    let mut listener = Listener::bind(&url).await.unwrap();
+    let url = url.to_string();
+    let (client, peer) = tokio::join!(AsyncClient::connect_with(&url, options), async {
+        let mut peer = accept(&mut listener).await;
+        welcome(&mut peer, max_message_size).await;
+        peer
+    });
+    (client.unwrap(), peer)
+}
+
+async fn pair() -> (AsyncClient, Peer) {
+    pair_with(ClientOptions::default(), 1 << 20).await
+}
+
+#[tokio::test]
+async fn handshake_sets_limit_and_name() {
+    let options = ClientOptions {
+        name: "tester/1".into(),
+        ..ClientOptions::default()
+    };
+    let url = mem_url();
+    let mut listener = Listener::bind(&url).await.unwrap();
+    let url_s = url.to_string();
+    let (client, hello) = tokio::join!(AsyncClient::connect_with(&url_s, options), async {
+        let mut peer = accept(&mut listener).await;
+        let hello = peer.recv().await;
+        let mut w = Message::serialize(&ops::Welcome {
+            version: 1,
+            capabilities: vec![],
+            max_message_size: 4096,
+            server: "fake".into(),
+            connection_id: 1,
+        })
+        .unwrap()
+        .with_type(MessageType::Response);
+        w.response_status = Some(ResponseStatus::Ok);
+        w.correlation_id = Some(hello.id);
+        peer.send(&w).await;
+        (hello, peer)
+    });
+    let client = client.unwrap();
+    let body: ops::Hello = hello.0.data_payload_as().unwrap();
+    assert_eq!(body.client, "tester/1");
+    assert_eq!(client.max_message_size(), 4096);
+    assert_eq!(client.welcome().server, "fake");
+    assert_eq!(client.url(), &url);
+    assert!(!client.is_closed());
+}
+
+#[tokio::test]
+async fn handshake_refusal_is_reported() {
+    let url = mem_url();
+    let mut listener = Listener::bind(&url).await.unwrap();
+    let url = url.to_string();
+    let (client, _peer) = tokio::join!(AsyncClient::connect(&url), async {
+        let mut peer = accept(&mut listener).await;
+        let hello = peer.recv().await;
+        peer.send(&hello.error_response(ResponseStatus::Unavailable, "connection limit reached"))
+            .await;
+        peer
+    });
+    match client.unwrap_err() {
+        Error::Handshake(why) => {
+            assert!(
+                why.contains("unavailable") && why.contains("limit"),
+                "{why}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn handshake_timeout_is_bounded() {
+    let url = mem_url();
+    let mut listener = Listener::bind(&url).await.unwrap();
+    let options = ClientOptions {
+        connect_timeout: Duration::from_millis(100),
+        ..ClientOptions::default()
+    };
+    let url = url.to_string();
+    let (client, _peer) = tokio::join!(
+        within(AsyncClient::connect_with(&url, options)),
+        accept(&mut listener)
+    );
+    assert!(matches!(client, Err(Error::Handshake(_))), "{client:?}");
+}
+
+#[tokio::test]
+async fn connect_errors() {
+    let e = AsyncClient::connect("mem://nobody-listens-here")
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Connect { .. }), "{e:?}");
+    let e = AsyncClient::connect("nonsense").await.unwrap_err();
+    assert!(matches!(e, Error::InvalidUrl(_)), "{e:?}");
+}
+
+#[tokio::test]
+async fn pipelined_calls_are_matched_by_id_not_order() {
+    let (client, mut peer) = pair().await;
+    let calls = (0..3).map(|i| {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .send("echo", Message::plain_text(format!("m{i}")))
+                .await
+        })
+    });
+    let calls: Vec<_> = calls.collect();
+    let mut received = vec![];
+    for _ in 0..3 {
+        let m = peer.recv().await;
+        assert_eq!(m.r#type, MessageType::Request);
+        assert_eq!(m.destination.as_deref(), Some("echo"));
+        assert!(m.timeout.is_some(), "the broker is told the call's timeout");
+        received.push(m);
+    }
+    for m in received.iter().rev() {
+        peer.echo(m).await;
+    }
+    for (i, call) in calls.into_iter().enumerate() {
+        let reply = within(call).await.unwrap().unwrap();
+        assert_eq!(reply.text_payload().unwrap(), format!("m{i}"));
+    }
+    assert_eq!(client.conn().pending_len(), 0);
+}
+
+#[tokio::test]
+async fn error_status_becomes_error() {
+    let (client, mut peer) = pair().await;
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move { client.send("f", Message::plain_text("x")).await }
+    });
+    let m = peer.recv().await;
+    peer.send(&m.error_response(ResponseStatus::HandlerError, "boom"))
+        .await;
+    match within(call).await.unwrap() {
+        Err(Error::Status { status, reason }) => {
+            assert_eq!(status, ResponseStatus::HandlerError);
+            assert_eq!(reason, "boom");
+        }
+        other => panic!("{other:?}"),
+    }
+    // `request` returns error responses as they are.
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move { client.request(Message::new(MessageType::Stats)).await }
+    });
+    let m = peer.recv().await;
+    peer.answer(&m, ResponseStatus::ServerError).await;
+    let r = within(call).await.unwrap().unwrap();
+    assert_eq!(r.status(), ResponseStatus::ServerError);
+}
+
+#[tokio::test]
+async fn connection_drop_fails_every_pending_call_at_once() {
+    let (client, mut peer) = pair().await;
+    let calls: Vec<_> = (0..3)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { client.send("slow", Message::plain_text("x")).await })
+        })
+        .collect();
+    for _ in 0..3 {
+        peer.recv().await;
+    }
+    drop(peer);
+    for call in calls {
+        // `within` (5 s) is far below the calls' 30 s timeout.
+        let r = within(call).await.unwrap();
+        assert!(matches!(r, Err(Error::ConnectionClosed(_))), "{r:?}");
+    }
+    assert!(client.is_closed());
+    let r = within(client.ping()).await;
+    assert!(matches!(r, Err(Error::ConnectionClosed(_))), "{r:?}");
+}
+
+#[tokio::test]
+async fn timeout_removes_the_pending_entry() {
+    let (client, mut peer) = pair().await;
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move {
+            client
+                .request_timeout(Message::new(MessageType::Ping), Duration::from_millis(50))
+                .await
+        }
+    });
+    let unanswered = peer.recv().await;
+    let r = within(call).await.unwrap();
+    assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
+    assert_eq!(r.unwrap_err().status(), Some(ResponseStatus::Timeout));
+    assert_eq!(client.conn().pending_len(), 0);
+
+    // A late answer is ignored and the connection stays usable.
+    peer.answer(&unanswered, ResponseStatus::Ok).await;
+    let ping = tokio::spawn({
+        let client = client.clone();
+        async move { client.ping().await }
+    });
+    let m = peer.recv().await;
+    peer.answer(&m, ResponseStatus::Ok).await;
+    within(ping).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn too_large_is_refused_locally() {
+    let (client, mut peer) = pair_with(ClientOptions::default(), 1024).await;
+    let r = client
+        .send("f", Message::binary(vec![0u8; 2000], None))
+        .await;
+    match r {
+        Err(e @ Error::TooLarge { .. }) => {
+            assert_eq!(e.status(), Some(ResponseStatus::TooLarge));
+            assert!(matches!(e, Error::TooLarge { max: 1024, .. }));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(client.conn().pending_len(), 0);
+    // Nothing was written: the next frame the broker sees is this oneway call.
+    client
+        .send_oneway("f", Message::plain_text("small"))
+        .await
+        .unwrap();
+    let m = peer.recv().await;
+    assert!(m.oneway);
+    assert_eq!(m.text_payload().unwrap(), "small");
+}
+
+#[tokio::test]
+async fn queue_operations_build_the_contract_messages() {
+    let (client, mut peer) = pair().await;
+
+    let poll = tokio::spawn({
+        let client = client.clone();
+        async move { client.poll("q", Duration::from_millis(10)).await }
+    });
+    let m = peer.recv().await;
+    assert_eq!(m.r#type, MessageType::Poll);
+    assert_eq!(m.destination.as_deref(), Some("q"));
+    assert_eq!(m.timeout, Some(Duration::from_millis(10)));
+    peer.answer(&m, ResponseStatus::QueueEmpty).await;
+    assert!(within(poll).await.unwrap().unwrap().is_none());
+
+    let poll = tokio::spawn({
+        let client = client.clone();
+        async move { client.poll("q", Duration::from_millis(10)).await }
+    });
+    let m = peer.recv().await;
+    let mut queued = Message::plain_text("job").with_subject("s");
+    queued.r#type = MessageType::Response;
+    queued.response_status = Some(ResponseStatus::Ok);
+    queued.correlation_id = Some(m.id);
+    peer.send(&queued).await;
+    let got = within(poll).await.unwrap().unwrap().unwrap();
+    assert_eq!(got.id, queued.id);
+    assert_eq!(got.subject.as_deref(), Some("s"));
+
+    let offer = tokio::spawn({
+        let client = client.clone();
+        async move {
+            client
+                .offer("q", Message::plain_text("x"), Duration::from_secs(1))
+                .await
+        }
+    });
+    let m = peer.recv().await;
+    assert_eq!(m.r#type, MessageType::Offer);
+    assert_eq!(m.timeout, Some(Duration::from_secs(1)));
+    peer.send(&m.error_response(ResponseStatus::QueueFull, "full"))
+        .await;
+    let e = within(offer).await.unwrap().unwrap_err();
+    assert_eq!(e.status(), Some(ResponseStatus::QueueFull));
+
+    let create = tokio::spawn({
+        let client = client.clone();
+        async move { client.create_queue("q", 10, ops::QueueKind::Circular).await }
+    });
+    let m = peer.recv().await;
+    assert_eq!(m.r#type, MessageType::CreateQueue);
+    let body: ops::CreateQueue = m.data_payload_as().unwrap();
+    assert_eq!(body.capacity, 10);
+    assert_eq!(body.kind, ops::QueueKind::Circular);
+    let status = ops::QueueStatus {
+        name: "q".into(),
+        kind: ops::QueueKind::Circular,
+        capacity: 10,
+        size: 0,
+        durable: false,
+        temporary: false,
+    };
+    let mut r = Message::serialize(&status)
+        .unwrap()
+        .with_type(MessageType::Response);
+    r.response_status = Some(ResponseStatus::Ok);
+    r.correlation_id = Some(m.id);
+    peer.send(&r).await;
+    assert_eq!(within(create).await.unwrap().unwrap(), status);
+}
+
+#[tokio::test]
+async fn worker_answers_requests() {
+    let (client, mut peer) = pair().await;
+    let serve = tokio::spawn({
+        let client = client.clone();
+        async move {
+            client
+                .serve("upper", |m: Message| {
+                    let text = m.text_payload()?.into_owned();
+                    match text.as_str() {
+                        "fail" => Err("bad input".into()),
+                        "panic" => panic!("handler bug"),
+                        _ => Ok(Message::plain_text(text.to_uppercase()).with_subject("done")),
+                    }
+                })
+                .await
+        }
+    });
+    let create = peer.recv().await;
+    assert_eq!(create.r#type, MessageType::CreateFunction);
+    assert_eq!(create.destination.as_deref(), Some("upper"));
+    peer.answer(&create, ResponseStatus::Ok).await;
+    let worker = within(serve).await.unwrap().unwrap();
+    assert_eq!(worker.function(), "upper");
+    assert_eq!(worker.id(), create.id);
+
+    let call = |text: &str| {
+        let mut m = Message::plain_text(text).with_request_id("r1");
+        m.correlation_id = Some(create.id);
+        m
+    };
+
+    let req = call("abc");
+    peer.send(&req).await;
+    let r = peer.recv().await;
+    assert_eq!(r.r#type, MessageType::Response);
+    assert_eq!(r.correlation_id, Some(req.id));
+    assert_eq!(r.request_id.as_deref(), Some("r1"));
+    assert_eq!(r.status(), ResponseStatus::Ok);
+    assert_eq!(r.text_payload().unwrap(), "ABC");
+    assert_eq!(r.subject.as_deref(), Some("done"));
+
+    for (input, reason) in [("fail", "bad input"), ("panic", "handler panicked")] {
+        let req = call(input);
+        peer.send(&req).await;
+        let r = peer.recv().await;
+        assert_eq!(r.correlation_id, Some(req.id));
+        assert_eq!(r.status(), ResponseStatus::HandlerError);
+        assert_eq!(r.text_payload().unwrap(), reason);
+    }
+
+    // A oneway call gets no answer: the next frame answers the call after it.
+    let mut oneway = call("quiet");
+    oneway.oneway = true;
+    peer.send(&oneway).await;
+    let req = call("next");
+    peer.send(&req).await;
+    let r = peer.recv().await;
+    assert_eq!(r.correlation_id, Some(req.id));
+
+    // A call for a registration this connection does not have is refused.
+    let mut stray = Message::plain_text("x");
+    stray.correlation_id = Some(Uuid::new_v4());
+    peer.send(&stray).await;
+    let r = peer.recv().await;
+    assert_eq!(r.correlation_id, Some(stray.id));
+    assert_eq!(r.status(), ResponseStatus::FunctionNotFound);
+
+    let stop = tokio::spawn(worker.stop());
+    let remove = peer.recv().await;
+    assert_eq!(remove.r#type, MessageType::RemoveFunction);
+    assert_eq!(remove.destination.as_deref(), Some("upper"));
+    assert_eq!(remove.correlation_id, Some(create.id));
+    peer.answer(&remove, ResponseStatus::Ok).await;
+    within(stop).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn worker_calls_run_concurrently() {
+    let (client, mut peer) = pair().await;
+    // Each call waits until both have started, so sequential execution would fail.
+    let started = Arc::new((Mutex::new(0usize), Condvar::new()));
+    let serve = tokio::spawn({
+        let client = client.clone();
+        async move {
+            client
+                .serve("meet", move |m: Message| {
+                    let (count, cv) = &*started;
+                    let mut n = count.lock().unwrap();
+                    *n += 1;
+                    cv.notify_all();
+                    let (n, wait) = cv.wait_timeout_while(n, STEP, |n| *n < 2).unwrap();
+                    drop(n);
+                    if wait.timed_out() {
+                        Err("calls did not overlap".into())
+                    } else {
+                        Ok(m)
+                    }
+                })
+                .await
+        }
+    });
+    let create = peer.recv().await;
+    peer.answer(&create, ResponseStatus::Ok).await;
+    let _worker = within(serve).await.unwrap().unwrap();
+    for _ in 0..2 {
+        let mut req = Message::plain_text("x");
+        req.correlation_id = Some(create.id);
+        peer.send(&req).await;
+    }
+    for _ in 0..2 {
+        assert_eq!(peer.recv().await.status(), ResponseStatus::Ok);
+    }
+}
+
+#[tokio::test]
+async fn async_worker_and_dropped_worker() {
+    let (client, mut peer) = pair().await;
+    let serve = tokio::spawn({
+        let client = client.clone();
+        async move {
+            client
+                .serve_async("len", |m: Message| async move {
+                    Ok(Message::plain_text(m.payload.len().to_string()))
+                })
+                .await
+        }
+    });
+    let create = peer.recv().await;
+    peer.answer(&create, ResponseStatus::Ok).await;
+    let worker = within(serve).await.unwrap().unwrap();
+    let mut req = Message::plain_text("four");
+    req.correlation_id = Some(create.id);
+    peer.send(&req).await;
+    assert_eq!(peer.recv().await.text_payload().unwrap(), "4");
+
+    drop(worker);
+    let remove = peer.recv().await;
+    assert_eq!(remove.r#type, MessageType::RemoveFunction);
+    assert!(remove.oneway);
+}
+
+/// Subscribes `client` to `topic` and returns the subscribe message the broker saw.
+async fn subscribe(
+    client: &AsyncClient,
+    peer: &mut Peer,
+    buffer: Option<usize>,
+) -> (super::Subscription, Message) {
+    let sub = tokio::spawn({
+        let client = client.clone();
+        async move {
+            match buffer {
+                Some(n) => client.subscribe_with_buffer("t", n).await,
+                None => client.subscribe("t").await,
+            }
+        }
+    });
+    let m = peer.recv().await;
+    assert_eq!(m.r#type, MessageType::Subscribe);
+    assert_eq!(m.destination.as_deref(), Some("t"));
+    peer.answer(&m, ResponseStatus::Ok).await;
+    (within(sub).await.unwrap().unwrap(), m)
+}
+
+fn delivery(sub: &Message, text: &str) -> Message {
+    let mut d = Message::plain_text(text).with_type(MessageType::Publish);
+    d.correlation_id = Some(sub.id);
+    d
+}
+
+#[tokio::test]
+async fn subscription_receives_in_order_and_ends_on_topic_removal() {
+    let (client, mut peer) = pair().await;
+    let (mut sub, subscribe_msg) = subscribe(&client, &mut peer, Some(1)).await;
+    let body: ops::Subscribe = subscribe_msg.data_payload_as().unwrap();
+    assert_eq!(body.buffer, Some(1));
+    assert_eq!(sub.id(), subscribe_msg.id);
+    assert_eq!(sub.topic(), "t");
+
+    // More deliveries than the client buffer holds: the reader waits, nothing is lost.
+    for i in 0..5 {
+        peer.send(&delivery(&subscribe_msg, &i.to_string())).await;
+    }
+    let mut end = Message::new(MessageType::Unsubscribe).with_destination("t");
+    end.correlation_id = Some(subscribe_msg.id);
+    peer.send(&end).await;
+
+    for i in 0..5 {
+        let m = within(sub.recv()).await.unwrap();
+        assert_eq!(m.r#type, MessageType::Publish);
+        assert_eq!(m.text_payload().unwrap(), i.to_string());
+    }
+    assert!(within(sub.recv()).await.is_none());
+    // Already ended by the broker: nothing to send.
+    within(sub.unsubscribe()).await.unwrap();
+}
+
+#[tokio::test]
+async fn unsubscribe_and_drop() {
+    let (client, mut peer) = pair().await;
+    let (sub, subscribe_msg) = subscribe(&client, &mut peer, None).await;
+    assert!(subscribe_msg.payload.is_empty());
+    let unsub = tokio::spawn(sub.unsubscribe());
+    let m = peer.recv().await;
+    assert_eq!(m.r#type, MessageType::Unsubscribe);
+    assert_eq!(m.correlation_id, Some(subscribe_msg.id));
+    assert!(!m.oneway);
+    peer.answer(&m, ResponseStatus::Ok).await;
+    within(unsub).await.unwrap().unwrap();
+
+    let (sub, subscribe_msg) = subscribe(&client, &mut peer, None).await;
+    drop(sub);
+    let m = peer.recv().await;
+    assert_eq!(m.r#type, MessageType::Unsubscribe);
+    assert_eq!(m.correlation_id, Some(subscribe_msg.id));
+    assert!(m.oneway);
+}
+
+#[tokio::test]
+async fn subscription_ends_when_the_connection_drops() {
+    let (client, mut peer) = pair().await;
+    let (mut sub, subscribe_msg) = subscribe(&client, &mut peer, None).await;
+    peer.send(&delivery(&subscribe_msg, "last")).await;
+    drop(peer);
+    assert_eq!(
+        within(sub.recv()).await.unwrap().text_payload().unwrap(),
+        "last"
+    );
+    assert!(within(sub.recv()).await.is_none());
+}
+
+#[tokio::test]
+async fn subscribe_with_runs_the_handler_in_order() {
+    let (client, mut peer) = pair().await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let sub = tokio::spawn({
+        let client = client.clone();
+        async move {
+            client
+                .subscribe_with("t", move |m: Message| {
+                    let text = m.text_payload().unwrap().into_owned();
+                    if text == "panic" {
+                        panic!("handler bug");
+                    }
+                    tx.send(text).unwrap();
+                })
+                .await
+        }
+    });
+    let m = peer.recv().await;
+    peer.answer(&m, ResponseStatus::Ok).await;
+    let handle = within(sub).await.unwrap().unwrap();
+    for text in ["a", "panic", "b", "c"] {
+        peer.send(&delivery(&m, text)).await;
+    }
+    for want in ["a", "b", "c"] {
+        assert_eq!(within(rx.recv()).await.unwrap(), want);
+    }
+    let unsub = tokio::spawn(handle.unsubscribe());
+    let u = peer.recv().await;
+    assert_eq!(u.correlation_id, Some(m.id));
+    peer.answer(&u, ResponseStatus::Ok).await;
+    within(unsub).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn broker_ping_is_answered() {
+    let (_client, mut peer) = pair().await;
+    let ping = Message::new(MessageType::Ping);
+    peer.send(&ping).await;
+    let r = peer.recv().await;
+    assert_eq!(r.correlation_id, Some(ping.id));
+    assert_eq!(r.status(), ResponseStatus::Ok);
+}
+
+#[tokio::test]
+async fn close_flushes_queued_frames_and_fails_pending_calls() {
+    let (client, mut peer) = pair().await;
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move { client.send("f", Message::plain_text("x")).await }
+    });
+    peer.recv().await;
+    client
+        .publish_oneway("t", Message::plain_text("bye"))
+        .await
+        .unwrap();
+    within(client.close()).await;
+    let r = within(call).await.unwrap();
+    assert!(matches!(r, Err(Error::ConnectionClosed(_))), "{r:?}");
+    let m = peer.recv().await;
+    assert_eq!(m.r#type, MessageType::Publish);
+    assert!(m.oneway);
+    peer.expect_eof().await;
+    assert!(client.is_closed());
+}
+
+#[tokio::test]
+async fn dropping_the_last_client_closes_the_connection() {
+    let (client, mut peer) = pair().await;
+    let clone = client.clone();
+    drop(client);
+    drop(clone);
+    peer.expect_eof().await;
+}
+
+#[tokio::test]
+async fn blocking_client_refuses_to_run_inside_a_runtime() {
+    let (client, _peer) = pair().await;
+    let blocking = Client::from_async(client);
+    assert!(matches!(blocking.ping(), Err(Error::Runtime(_))));
+}
+
+#[test]
+fn blocking_client() {
+    // The fake broker runs on a runtime of its own; the test thread has none.
+    let broker = tokio::runtime::Runtime::new().unwrap();
+    let url = mem_url();
+    let mut listener = broker.block_on(Listener::bind(&url)).unwrap();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let served = broker.spawn(async move {
+        let mut peer = accept(&mut listener).await;
+        welcome(&mut peer, 1 << 20).await;
+        // Echo calls; answer subscribe; deliver one message.
+        loop {
+            let m = peer.recv().await;
+            match m.r#type {
+                MessageType::Request => peer.echo(&m).await,
+                MessageType::Subscribe => {
+                    peer.answer(&m, ResponseStatus::Ok).await;
+                    peer.send(&delivery(&m, "news")).await;
+                    ready_tx.send(()).unwrap();
+                }
+                MessageType::Unsubscribe => {
+                    peer.answer(&m, ResponseStatus::Ok).await;
+                    return;
+                }
+                other => panic!("unexpected {other}"),
+            }
+        }
+    });
+
+    let client = Client::connect(&url.to_string()).unwrap();
+    let reply = client.send("echo", Message::plain_text("hi")).unwrap();
+    assert_eq!(reply.text_payload().unwrap(), "hi");
+
+    let pending = client.send_async("echo", Message::plain_text("later"));
+    assert_eq!(pending.wait().unwrap().text_payload().unwrap(), "later");
+
+    let mut sub = client.subscribe("t").unwrap();
+    ready_rx.recv_timeout(STEP).unwrap();
+    let m = sub.recv_timeout(STEP).unwrap().unwrap();
+    assert_eq!(m.text_payload().unwrap(), "news");
+    assert!(sub
+        .recv_timeout(Duration::from_millis(20))
+        .unwrap()
+        .is_none());
+    sub.unsubscribe().unwrap();
+    broker.block_on(within(served)).unwrap();
+    client.close().unwrap();
+    assert!(client.is_closed());
+}
+
+#[test]
+fn clients_are_send_sync_clone() {
+    fn check<T: Send + Sync + Clone>() {}
+    check::<AsyncClient>();
+    check::<Client>();
+    fn send<T: Send>() {}
+    send::<super::Subscription>();
+    send::<super::Worker>();
+    send::<crate::blocking::Subscription>();
+}
