@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs every check and test of the project. Installs what it needs itself.
+#
+#   scripts/test.sh            everything (format, lints, all tests, fuzz smoke)
+#   FUZZ_SECONDS=0 scripts/test.sh   skip the fuzz smoke run
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+if ! command -v cargo >/dev/null 2>&1; then
+    step "installing Rust (rustup, stable)"
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+    # shellcheck disable=SC1091
+    . "$HOME/.cargo/env"
+fi
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+
+step "format"
+cargo fmt --all -- --check
+
+step "lints"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "build (the CLI tests run the real binary)"
+cargo build --workspace --all-targets --locked
+
+step "tests"
+cargo test --workspace --locked 2>&1 | tee target/test-output.txt
+passed=$(grep -Eo '^test result: ok\. [0-9]+ passed' target/test-output.txt | awk '{s+=$4} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed' target/test-output.txt | awk '{s+=$1} END {print s+0}')
+
+fuzz_seconds="${FUZZ_SECONDS:-20}"
+if [ "$fuzz_seconds" != "0" ]; then
+    step "fuzz smoke run (${fuzz_seconds}s)"
+    bash scripts/fuzz-smoke.sh "$fuzz_seconds"
+fi
+
+printf '\n%s passed, %s failed\n' "$passed" "$failed"
