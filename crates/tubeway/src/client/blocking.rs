@@ -4,8 +4,11 @@
 //! `tubeway-io`, started on first use) and blocks the calling thread until it
 //! completes; every call is bounded by a timeout, as in [`AsyncClient`].
 //! Calling from inside an async runtime fails with [`Error::Runtime`]
-//! instead of blocking one of its threads: use [`AsyncClient`] there.
+//! instead of blocking one of its threads: use [`AsyncClient`] there. The
+//! synchronous handlers of [`Client::serve`] and [`Client::subscribe_with`]
+//! run on blocking threads and may use the blocking client.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::OnceLock;
@@ -36,9 +39,28 @@ fn runtime() -> Result<&'static Runtime> {
         .map_err(|e| Error::Runtime(format!("cannot start the tubeway runtime: {e}")))
 }
 
+thread_local! {
+    /// Set while this crate runs a synchronous handler on a blocking-pool
+    /// thread, where blocking is allowed although a runtime is current.
+    static HANDLER_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs a synchronous handler so that it may use the blocking [`Client`]
+/// (a worker that calls another function, say).
+pub(crate) fn run_handler<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            HANDLER_THREAD.with(|h| h.set(self.0));
+        }
+    }
+    let _reset = Reset(HANDLER_THREAD.with(|h| h.replace(true)));
+    f()
+}
+
 /// Runs `f` to completion on the background runtime.
 fn block_on<F: Future>(f: F) -> Result<F::Output> {
-    if Handle::try_current().is_ok() {
+    if Handle::try_current().is_ok() && !HANDLER_THREAD.with(Cell::get) {
         // Blocking here would stall (or, on a current-thread runtime, deadlock) the caller's runtime.
         return Err(Error::Runtime(
             "the blocking tubeway::Client was called inside an async runtime; use AsyncClient in async code"

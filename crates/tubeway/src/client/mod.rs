@@ -163,7 +163,8 @@ impl AsyncClient {
 
     /// Sends any message and returns its response, whatever its status.
     /// Waits for the message's own `timeout` plus a margin if it has one,
-    /// else for the default timeout.
+    /// else for the default timeout. A `oneway` message gets no response:
+    /// send it with [`AsyncClient::request_oneway`].
     pub async fn request(&self, msg: Message) -> Result<Message> {
         let wait = self.wait_for(msg.timeout);
         self.request_timeout(msg, wait).await

@@ -142,7 +142,8 @@ impl SubscriptionHandle {
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
-                let run = std::panic::AssertUnwindSafe(|| handler(msg));
+                let run =
+                    std::panic::AssertUnwindSafe(|| super::blocking::run_handler(|| handler(msg)));
                 if std::panic::catch_unwind(run).is_err() {
                     tracing::warn!("subscription handler for topic {topic} panicked");
                 }

@@ -723,19 +723,26 @@ fn blocking_client() {
     let broker = tokio::runtime::Runtime::new().unwrap();
     let url = mem_url();
     let mut listener = broker.block_on(Listener::bind(&url)).unwrap();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (events, seen) = std::sync::mpsc::channel();
     let served = broker.spawn(async move {
         let mut peer = accept(&mut listener).await;
         welcome(&mut peer, 1 << 20).await;
-        // Echo calls; answer subscribe; deliver one message.
         loop {
             let m = peer.recv().await;
             match m.r#type {
                 MessageType::Request => peer.echo(&m).await,
+                MessageType::CreateFunction => {
+                    peer.answer(&m, ResponseStatus::Ok).await;
+                    let mut call = Message::plain_text("inner");
+                    call.correlation_id = Some(m.id);
+                    peer.send(&call).await;
+                }
+                MessageType::Response => {
+                    events.send(m.text_payload().unwrap().into_owned()).unwrap();
+                }
                 MessageType::Subscribe => {
                     peer.answer(&m, ResponseStatus::Ok).await;
                     peer.send(&delivery(&m, "news")).await;
-                    ready_tx.send(()).unwrap();
                 }
                 MessageType::Unsubscribe => {
                     peer.answer(&m, ResponseStatus::Ok).await;
@@ -753,8 +760,17 @@ fn blocking_client() {
     let pending = client.send_async("echo", Message::plain_text("later"));
     assert_eq!(pending.wait().unwrap().text_payload().unwrap(), "later");
 
+    // A handler may call through the blocking client: it runs on a blocking thread.
+    let inner = client.clone();
+    let _worker = client
+        .serve("outer", move |m: Message| {
+            let r = inner.send("echo", m)?;
+            Ok(Message::plain_text(format!("{}!", r.text_payload()?)))
+        })
+        .unwrap();
+    assert_eq!(seen.recv_timeout(STEP).unwrap(), "inner!");
+
     let mut sub = client.subscribe("t").unwrap();
-    ready_rx.recv_timeout(STEP).unwrap();
     let m = sub.recv_timeout(STEP).unwrap().unwrap();
     assert_eq!(m.text_payload().unwrap(), "news");
     assert!(sub

@@ -91,7 +91,7 @@ where
     let handler = Arc::new(handler);
     Arc::new(move |msg| {
         let handler = handler.clone();
-        tokio::task::spawn_blocking(move || handler(msg))
+        tokio::task::spawn_blocking(move || super::blocking::run_handler(|| handler(msg)))
     })
 }
 
