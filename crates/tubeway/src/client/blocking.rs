@@ -107,6 +107,11 @@ impl Client {
         self.inner.url()
     }
 
+    /// What the broker said in the handshake.
+    pub fn welcome(&self) -> &ops::Welcome {
+        self.inner.welcome()
+    }
+
     /// The largest message the broker accepts.
     pub fn max_message_size(&self) -> usize {
         self.inner.max_message_size()

@@ -793,3 +793,33 @@ fn clients_are_send_sync_clone() {
     send::<super::Worker>();
     send::<crate::blocking::Subscription>();
 }
+
+#[tokio::test]
+async fn oversized_request_to_a_worker_is_refused_and_the_connection_survives() {
+    let options = ClientOptions {
+        max_message_size: 1024,
+        ..ClientOptions::default()
+    };
+    let (client, mut peer) = pair_with(options, 1 << 20).await;
+    let serve = tokio::spawn({
+        let client = client.clone();
+        async move { client.serve("f", Ok).await }
+    });
+    let create = peer.recv().await;
+    peer.answer(&create, ResponseStatus::Ok).await;
+    let _worker = within(serve).await.unwrap().unwrap();
+
+    let mut big = Message::binary(vec![1u8; 4096], None);
+    big.correlation_id = Some(create.id);
+    peer.send(&big).await;
+    let r = peer.recv().await;
+    assert_eq!(r.correlation_id, Some(big.id));
+    assert_eq!(r.status(), ResponseStatus::TooLarge);
+
+    let mut small = Message::plain_text("ok");
+    small.correlation_id = Some(create.id);
+    peer.send(&small).await;
+    let r = peer.recv().await;
+    assert_eq!(r.correlation_id, Some(small.id));
+    assert_eq!(r.status(), ResponseStatus::Ok);
+}
