@@ -22,6 +22,15 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// An embedded server could not listen on an address.
+    #[error("cannot listen on {url}: {source}")]
+    Listen {
+        /// The URL asked for.
+        url: String,
+        /// Why it failed.
+        #[source]
+        source: io::Error,
+    },
     /// The broker refused the handshake (unsupported version, connection
     /// limit) or did not complete it.
     #[error("handshake failed: {0}")]

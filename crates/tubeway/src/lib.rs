@@ -18,12 +18,14 @@
 
 mod client;
 mod error;
+mod server;
 
 pub use client::blocking::{self, Client};
 pub use client::{
     AsyncClient, ClientOptions, HandlerError, Subscription, SubscriptionHandle, Worker,
 };
 pub use error::{Error, Result};
+pub use server::Server;
 /// The embeddable broker: run one inside any program.
 pub use tubeway_broker as broker;
 pub use tubeway_broker::{Broker, BrokerConfig};
