@@ -516,6 +516,11 @@ impl Broker {
     /// little to flush).
     pub async fn shutdown(&self) {
         self.inner.shutdown.cancel();
+        // Ending every subscription first lets subscriber tasks finish, and
+        // tells remote subscribers why their deliveries stop.
+        for t in read(&self.inner.topics).values() {
+            t.close();
+        }
         self.inner.tracker.close();
         let grace = self.inner.config.shutdown_timeout + Duration::from_millis(500);
         if tokio::time::timeout(grace, self.inner.tracker.wait())
@@ -527,11 +532,42 @@ impl Broker {
                 "shutdown grace period over; abandoning tasks"
             );
         }
-        for t in read(&self.inner.topics).values() {
-            t.close();
-        }
         for q in read(&self.inner.queues).values() {
             q.close();
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn shutdown_does_not_wait_out_the_grace_period_for_local_subscribers() {
+        // A grace period far longer than the bound below: reaching the bound
+        // means shutdown waited on a subscriber task that never ends.
+        let b = Broker::new(BrokerConfig::default().shutdown_timeout(Duration::from_secs(60)));
+        b.create_topic("t").unwrap();
+        b.subscribe("t", |_| {}).unwrap();
+        tokio::time::timeout(Duration::from_secs(20), b.shutdown())
+            .await
+            .expect("shutdown finished");
+    }
+
+    #[tokio::test]
+    async fn local_calls_report_handler_errors_and_panics() {
+        let b = Broker::new(BrokerConfig::default());
+        b.create_function("fails", |_| Err("no luck".into()))
+            .unwrap();
+        b.create_function("panics", |_| panic!("boom")).unwrap();
+        let e = b.call("fails", Message::request()).await.unwrap_err();
+        assert_eq!(e.status, ResponseStatus::HandlerError);
+        assert_eq!(e.reason, "no luck");
+        let e = b.call("panics", Message::request()).await.unwrap_err();
+        assert_eq!(e.status, ResponseStatus::HandlerError);
+        assert!(e.reason.contains("boom"), "{}", e.reason);
+        let e = b.call("missing", Message::request()).await.unwrap_err();
+        assert_eq!(e.status, ResponseStatus::FunctionNotFound);
     }
 }
