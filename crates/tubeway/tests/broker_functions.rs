@@ -1,0 +1,512 @@
+//! Request/reply functions through an embedded broker, over every transport:
+//! local handlers (sync and async), remote workers, errors, pipelining.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{assert_status, on_thread, status, step, text, within, Harness};
+use tokio::sync::mpsc;
+use tubeway::{Client, Error, Message, ResponseStatus};
+
+crate::transport_tests! {
+    call_from_async_client,
+    call_from_blocking_client,
+    send_async_future,
+    oneway_call_runs_the_handler,
+    handler_error_is_reported_and_the_broker_keeps_serving,
+    handler_panic_is_reported_and_the_broker_keeps_serving,
+    unknown_function,
+    pipelined_calls_each_get_their_own_answer,
+    remote_worker_serves_calls,
+    two_workers_share_calls_round_robin,
+    worker_disconnect_fails_the_call_in_flight,
+    call_timeout_shorter_than_the_handler,
+    function_status_counts_calls_and_errors,
+}
+
+fn echo(h: &Harness) {
+    h.broker.create_function("echo", Ok).unwrap();
+}
+
+async fn call_from_async_client(h: &Harness) {
+    echo(h);
+    let c = h.client().await;
+    let req = Message::plain_text("hello").with_request_id("r-1");
+    let req_id = req.id;
+    let resp = step(c.send("echo", req)).await.unwrap();
+    assert_eq!(resp.status(), ResponseStatus::Ok);
+    assert_eq!(text(&resp), "hello");
+    assert_eq!(resp.correlation_id, Some(req_id));
+    assert_eq!(resp.request_id.as_deref(), Some("r-1"));
+
+    // Binary and structured payloads keep their bytes and description.
+    let bin = step(c.send("echo", Message::binary(vec![0u8, 1, 255], None)))
+        .await
+        .unwrap();
+    assert_eq!(&bin.payload[..], &[0u8, 1, 255]);
+    assert_eq!(bin.payload_mimetype.as_deref(), Some(tubeway::MIME_BINARY));
+    let v = serde_json::json!({"a": [1, 2, 3]});
+    let data = step(c.send("echo", Message::data(&v))).await.unwrap();
+    assert_eq!(data.data_payload().unwrap(), v);
+}
+
+async fn call_from_blocking_client(h: &Harness) {
+    h.broker
+        .create_function("greet", |m: Message| {
+            Ok(Message::plain_text(format!("hello, {}", m.text_payload()?)))
+        })
+        .unwrap();
+    let url = h.url.clone();
+    let answers = on_thread(move || {
+        let c = Client::connect(&url).unwrap();
+        let a = c.send("greet", Message::plain_text("tubeway")).unwrap();
+        let b = c
+            .send_timeout(
+                "greet",
+                Message::plain_text("again"),
+                Duration::from_secs(5),
+            )
+            .unwrap();
+        let missing = c.send("nope", Message::plain_text("x")).unwrap_err();
+        c.close().unwrap();
+        (text(&a), text(&b), status(&missing))
+    })
+    .await;
+    assert_eq!(answers.0, "hello, tubeway");
+    assert_eq!(answers.1, "hello, again");
+    assert_eq!(answers.2, ResponseStatus::FunctionNotFound);
+}
+
+async fn send_async_future(h: &Harness) {
+    echo(h);
+    let url = h.url.clone();
+    // Calls started on a plain thread; two are waited for there, one is
+    // handed back and awaited here, in async code.
+    let (waited, handed_back) = on_thread(move || {
+        let c = Client::connect(&url).unwrap();
+        let futures: Vec<_> = (0..3)
+            .map(|i| c.send_async("echo", Message::plain_text(format!("m{i}"))))
+            .collect();
+        let mut it = futures.into_iter();
+        let f0 = it.next().unwrap();
+        let f1 = it.next().unwrap();
+        let f2 = it.next().unwrap();
+        let waited = vec![text(&f1.wait().unwrap()), text(&f0.wait().unwrap())];
+        (waited, (c, f2))
+    })
+    .await;
+    assert_eq!(waited, ["m1", "m0"]);
+    let (client, f2) = handed_back;
+    let r = step(f2).await.unwrap();
+    assert_eq!(text(&r), "m2");
+    // A failing call fails through the future too.
+    let e = step(client.send_async("nope", Message::plain_text("x")))
+        .await
+        .unwrap_err();
+    assert_eq!(status(&e), ResponseStatus::FunctionNotFound);
+    on_thread(move || drop(client)).await;
+}
+
+async fn oneway_call_runs_the_handler(h: &Harness) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let calls2 = calls.clone();
+    h.broker
+        .create_function("record", move |m: Message| {
+            calls2.fetch_add(1, Ordering::SeqCst);
+            tx.send(m.text_payload()?.into_owned()).unwrap();
+            Ok(Message::plain_text("ignored"))
+        })
+        .unwrap();
+    let c = h.client().await;
+    for i in 0..3 {
+        step(c.send_oneway("record", Message::plain_text(format!("fire {i}"))))
+            .await
+            .unwrap();
+    }
+    // Calls run concurrently, so in any order.
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(step(rx.recv()).await.unwrap());
+    }
+    got.sort();
+    assert_eq!(got, ["fire 0", "fire 1", "fire 2"]);
+    // The broker sent no response to the oneway calls: a normal call on the
+    // same connection is answered with its own response.
+    let r = step(c.send("record", Message::plain_text("normal")))
+        .await
+        .unwrap();
+    assert_eq!(text(&r), "ignored");
+    assert_eq!(step(rx.recv()).await.unwrap(), "normal");
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+
+    // A oneway call to a remote worker reaches it too.
+    let worker_client = h.client().await;
+    let (wtx, mut wrx) = mpsc::unbounded_channel::<String>();
+    let _w = step(worker_client.serve("remote-record", move |m: Message| {
+        wtx.send(m.text_payload()?.into_owned()).unwrap();
+        Ok(Message::plain_text("ignored"))
+    }))
+    .await
+    .unwrap();
+    step(c.send_oneway("remote-record", Message::plain_text("to the worker")))
+        .await
+        .unwrap();
+    assert_eq!(step(wrx.recv()).await.unwrap(), "to the worker");
+}
+
+async fn handler_error_is_reported_and_the_broker_keeps_serving(h: &Harness) {
+    echo(h);
+    h.broker
+        .create_function("fails", |m: Message| {
+            Err(format!("no luck with {}", m.text_payload()?).into())
+        })
+        .unwrap();
+    let c = h.client().await;
+    for i in 0..2 {
+        match step(c.send("fails", Message::plain_text(format!("x{i}")))).await {
+            Err(Error::Status { status, reason }) => {
+                assert_eq!(status, ResponseStatus::HandlerError);
+                assert_eq!(reason, format!("no luck with x{i}"));
+            }
+            other => panic!("expected handler_error, got {other:?}"),
+        }
+        let ok = step(c.send("echo", Message::plain_text("still here")))
+            .await
+            .unwrap();
+        assert_eq!(text(&ok), "still here");
+    }
+
+    // The same from a remote worker.
+    let worker_client = h.client().await;
+    let _w = step(worker_client.serve("remote-fails", |_| Err("remote no luck".into())))
+        .await
+        .unwrap();
+    match step(c.send("remote-fails", Message::plain_text("x"))).await {
+        Err(Error::Status { status, reason }) => {
+            assert_eq!(status, ResponseStatus::HandlerError);
+            assert_eq!(reason, "remote no luck");
+        }
+        other => panic!("expected handler_error, got {other:?}"),
+    }
+}
+
+async fn handler_panic_is_reported_and_the_broker_keeps_serving(h: &Harness) {
+    echo(h);
+    h.broker
+        .create_function("panics", |_| panic!("deliberate test panic"))
+        .unwrap();
+    h.broker
+        .create_async_function("panics-async", |_| async {
+            panic!("deliberate async test panic")
+        })
+        .unwrap();
+    let c = h.client().await;
+    for f in ["panics", "panics-async", "panics"] {
+        match step(c.send(f, Message::plain_text("x"))).await {
+            Err(Error::Status { status, reason }) => {
+                assert_eq!(status, ResponseStatus::HandlerError, "{f}");
+                assert!(reason.contains("panicked"), "{f}: {reason}");
+            }
+            other => panic!("{f}: expected handler_error, got {other:?}"),
+        }
+        let ok = step(c.send("echo", Message::plain_text("alive")))
+            .await
+            .unwrap();
+        assert_eq!(text(&ok), "alive");
+    }
+
+    // A remote worker whose handler panics answers handler_error too.
+    let worker_client = h.client().await;
+    let _w = step(worker_client.serve("remote-panics", |_| panic!("deliberate worker test panic")))
+        .await
+        .unwrap();
+    let e = step(c.send("remote-panics", Message::plain_text("x")))
+        .await
+        .unwrap_err();
+    assert_eq!(status(&e), ResponseStatus::HandlerError);
+    let ok = step(c.send("echo", Message::plain_text("alive")))
+        .await
+        .unwrap();
+    assert_eq!(text(&ok), "alive");
+}
+
+async fn unknown_function(h: &Harness) {
+    let c = h.client().await;
+    assert_status(
+        step(c.send("nowhere", Message::plain_text("x"))).await,
+        ResponseStatus::FunctionNotFound,
+    );
+    assert_status(
+        step(c.function_status("nowhere")).await,
+        ResponseStatus::FunctionNotFound,
+    );
+    assert_status(
+        step(c.remove_function("nowhere")).await,
+        ResponseStatus::FunctionNotFound,
+    );
+    // A removed function is unknown from then on.
+    echo(h);
+    step(c.send("echo", Message::plain_text("x")))
+        .await
+        .unwrap();
+    step(c.remove_function("echo")).await.unwrap();
+    assert_status(
+        step(c.send("echo", Message::plain_text("x"))).await,
+        ResponseStatus::FunctionNotFound,
+    );
+}
+
+async fn pipelined_calls_each_get_their_own_answer(h: &Harness) {
+    const N: u64 = 64;
+    let finished = Arc::new(Mutex::new(Vec::new()));
+    let finished2 = finished.clone();
+    h.broker
+        .create_async_function("sleepy", move |m: Message| {
+            let finished = finished2.clone();
+            async move {
+                let i: u64 = m.text_payload()?.parse()?;
+                // Later requests finish first: the answers leave out of order.
+                tokio::time::sleep(Duration::from_millis((N - i) * 4)).await;
+                finished.lock().unwrap().push(i);
+                Ok(Message::plain_text(format!("answer {i}")))
+            }
+        })
+        .unwrap();
+    let c = h.client().await;
+    let arrived = Arc::new(Mutex::new(Vec::new()));
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..N {
+        let c = c.clone(); // one connection shared by every call
+        let arrived = arrived.clone();
+        calls.spawn(async move {
+            let r = c
+                .send("sleepy", Message::plain_text(i.to_string()))
+                .await
+                .unwrap();
+            arrived.lock().unwrap().push(i);
+            (i, text(&r))
+        });
+    }
+    let mut answered = 0;
+    while let Some(joined) = step(calls.join_next()).await {
+        let (i, answer) = joined.unwrap();
+        assert_eq!(answer, format!("answer {i}"));
+        answered += 1;
+    }
+    assert_eq!(answered, N);
+    let finished = finished.lock().unwrap().clone();
+    let arrived = arrived.lock().unwrap().clone();
+    let in_order: Vec<u64> = (0..N).collect();
+    assert_ne!(
+        finished, in_order,
+        "the handlers did not finish out of order"
+    );
+    assert_ne!(arrived, in_order, "the answers did not arrive out of order");
+    assert_eq!(step(c.stats()).await.unwrap().connections, 1);
+}
+
+async fn remote_worker_serves_calls(h: &Harness) {
+    let worker_client = h.client().await;
+    let worker = step(worker_client.serve("upper", |m: Message| {
+        Ok(Message::plain_text(m.text_payload()?.to_uppercase()).with_subject("uppercased"))
+    }))
+    .await
+    .unwrap();
+    assert_eq!(worker.function(), "upper");
+    let caller = h.client().await;
+    let req = Message::plain_text("shout").with_request_id("rid-7");
+    let req_id = req.id;
+    let r = step(caller.send("upper", req)).await.unwrap();
+    assert_eq!(text(&r), "SHOUT");
+    assert_eq!(r.subject.as_deref(), Some("uppercased"));
+    assert_eq!(r.correlation_id, Some(req_id));
+    assert_eq!(r.request_id.as_deref(), Some("rid-7"));
+
+    let status = step(caller.function_status("upper")).await.unwrap();
+    assert_eq!((status.local, status.workers), (false, 1));
+
+    // An async handler in a worker, and a blocking caller.
+    let _w2 = step(worker_client.serve_async("lower", |m: Message| async move {
+        Ok(Message::plain_text(m.text_payload()?.to_lowercase()))
+    }))
+    .await
+    .unwrap();
+    let url = h.url.clone();
+    let r = on_thread(move || {
+        let c = Client::connect(&url).unwrap();
+        text(&c.send("lower", Message::plain_text("QUIET")).unwrap())
+    })
+    .await;
+    assert_eq!(r, "quiet");
+
+    // Once the worker stops, the function is gone.
+    step(worker.stop()).await.unwrap();
+    assert_status(
+        step(caller.send("upper", Message::plain_text("x"))).await,
+        ResponseStatus::FunctionNotFound,
+    );
+}
+
+async fn two_workers_share_calls_round_robin(h: &Harness) {
+    let w1 = h.client().await;
+    let w2 = h.client().await;
+    let _s1 = step(w1.serve("who", |_| Ok(Message::plain_text("w1"))))
+        .await
+        .unwrap();
+    let _s2 = step(w2.serve("who", |_| Ok(Message::plain_text("w2"))))
+        .await
+        .unwrap();
+    let status = step(w1.function_status("who")).await.unwrap();
+    assert_eq!(status.workers, 2);
+    let caller = h.client().await;
+    let mut seen = Vec::new();
+    for _ in 0..10 {
+        let r = step(caller.send("who", Message::plain_text("?")))
+            .await
+            .unwrap();
+        seen.push(text(&r));
+    }
+    let n1 = seen.iter().filter(|s| *s == "w1").count();
+    let n2 = seen.iter().filter(|s| *s == "w2").count();
+    assert_eq!((n1, n2), (5, 5), "calls not shared round-robin: {seen:?}");
+    assert!(
+        seen.windows(2).all(|w| w[0] != w[1]),
+        "calls did not alternate: {seen:?}"
+    );
+}
+
+async fn worker_disconnect_fails_the_call_in_flight(h: &Harness) {
+    let worker_client = h.client().await;
+    let (started_tx, mut started_rx) = mpsc::unbounded_channel::<()>();
+    let _w = step(worker_client.serve_async("stuck", move |_m: Message| {
+        let started = started_tx.clone();
+        async move {
+            started.send(()).unwrap();
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok(Message::plain_text("too late"))
+        }
+    }))
+    .await
+    .unwrap();
+    let caller = h.client().await;
+    let call = {
+        let caller = caller.clone();
+        tokio::spawn(async move {
+            caller
+                .send_timeout("stuck", Message::plain_text("x"), Duration::from_secs(25))
+                .await
+        })
+    };
+    step(started_rx.recv()).await.unwrap();
+    let t0 = Instant::now();
+    worker_client.close().await;
+    let e = within(Duration::from_secs(5), call)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert_eq!(status(&e), ResponseStatus::ServerError, "{e}");
+    // The function had no other worker: it is gone, and the caller's
+    // connection is fine.
+    step(caller.ping()).await.unwrap();
+    common::eventually("the function is removed with its last worker", || {
+        let caller = caller.clone();
+        async move {
+            matches!(caller.function_status("stuck").await,
+                Err(e) if e.status() == Some(ResponseStatus::FunctionNotFound))
+        }
+    })
+    .await;
+}
+
+async fn call_timeout_shorter_than_the_handler(h: &Harness) {
+    echo(h);
+    h.broker
+        .create_async_function("slow", |_m: Message| async {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            Ok(Message::plain_text("slow answer"))
+        })
+        .unwrap();
+    let c = h.client().await;
+    let t0 = Instant::now();
+    let r =
+        step(c.send_timeout("slow", Message::plain_text("x"), Duration::from_millis(200))).await;
+    let took = t0.elapsed();
+    // The broker answers `timeout` itself (the client waits longer).
+    assert_status(r, ResponseStatus::Timeout);
+    assert!(
+        took >= Duration::from_millis(200),
+        "answered after {took:?}"
+    );
+    assert!(took < Duration::from_secs(2), "answered after {took:?}");
+    // The connection still serves other calls while the handler runs on.
+    let ok = step(c.send("echo", Message::plain_text("next")))
+        .await
+        .unwrap();
+    assert_eq!(text(&ok), "next");
+
+    // The same through a remote worker.
+    let worker_client = h.client().await;
+    let _w = step(
+        worker_client.serve_async("slow-remote", |_m: Message| async {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            Ok(Message::plain_text("slow answer"))
+        }),
+    )
+    .await
+    .unwrap();
+    let t0 = Instant::now();
+    let r = step(c.send_timeout(
+        "slow-remote",
+        Message::plain_text("x"),
+        Duration::from_millis(200),
+    ))
+    .await;
+    assert_status(r, ResponseStatus::Timeout);
+    assert!(t0.elapsed() < Duration::from_secs(2));
+}
+
+async fn function_status_counts_calls_and_errors(h: &Harness) {
+    echo(h);
+    h.broker
+        .create_function("fails", |_| Err("no".into()))
+        .unwrap();
+    let c = h.client().await;
+    for _ in 0..3 {
+        step(c.send("echo", Message::plain_text("x")))
+            .await
+            .unwrap();
+    }
+    step(c.send("fails", Message::plain_text("x")))
+        .await
+        .unwrap_err();
+    let echo_status = step(c.function_status("echo")).await.unwrap();
+    assert_eq!(
+        (
+            echo_status.local,
+            echo_status.workers,
+            echo_status.calls,
+            echo_status.errors
+        ),
+        (true, 0, 3, 0)
+    );
+    let fails = step(c.function_status("fails")).await.unwrap();
+    assert_eq!((fails.calls, fails.errors), (1, 1));
+    let names: Vec<String> = step(c.list_functions())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|f| f.name)
+        .collect();
+    assert_eq!(names, ["echo", "fails"]);
+    // A worker cannot take over a function served inside the broker.
+    assert_status(
+        step(c.serve("echo", Ok)).await,
+        ResponseStatus::Conflict,
+    );
+}
