@@ -1,0 +1,327 @@
+//! Publish/subscribe topics through an embedded broker, over every transport.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{assert_status, eventually, on_thread, step, text, within, Harness};
+use tokio::sync::mpsc;
+use tubeway::{Client, Message, MessageType, ResponseStatus, Subscription};
+
+crate::transport_tests! {
+    fan_out_to_three_subscribers_in_order,
+    stalled_subscriber_does_not_slow_the_others,
+    unsubscribe_stops_deliveries,
+    dropped_subscription_is_removed,
+    remove_topic_ends_subscriptions,
+    unknown_topic,
+    embedded_subscriber_receives_remote_publishes,
+    delivery_keeps_the_published_fields,
+    blocking_client_subscribes,
+}
+
+/// Receives `n` deliveries and returns their texts.
+async fn take(sub: &mut Subscription, n: usize) -> Vec<String> {
+    let mut got = Vec::with_capacity(n);
+    for _ in 0..n {
+        let m = within(Duration::from_secs(10), sub.recv())
+            .await
+            .expect("a delivery");
+        assert_eq!(m.r#type, MessageType::Publish);
+        assert_eq!(m.correlation_id, Some(sub.id()));
+        got.push(text(&m));
+    }
+    got
+}
+
+fn numbers(n: usize) -> Vec<String> {
+    (0..n).map(|i| i.to_string()).collect()
+}
+
+async fn fan_out_to_three_subscribers_in_order(h: &Harness) {
+    const N: usize = 1000;
+    let publisher = h.client().await;
+    step(publisher.create_topic("news")).await.unwrap();
+    let mut readers = tokio::task::JoinSet::new();
+    for _ in 0..3 {
+        let c = h.client().await;
+        let mut sub = step(c.subscribe("news")).await.unwrap();
+        readers.spawn(async move {
+            let got = take(&mut sub, N).await;
+            drop(c);
+            got
+        });
+    }
+    assert_eq!(
+        step(publisher.topic_status("news"))
+            .await
+            .unwrap()
+            .subscribers,
+        3
+    );
+    for i in 0..N {
+        step(publisher.publish("news", Message::plain_text(i.to_string())))
+            .await
+            .unwrap();
+    }
+    while let Some(r) = step(readers.join_next()).await {
+        assert_eq!(r.unwrap(), numbers(N));
+    }
+    let status = step(publisher.topic_status("news")).await.unwrap();
+    assert_eq!(
+        (status.published, status.delivered, status.dropped),
+        (N as u64, 3 * N as u64, 0)
+    );
+}
+
+async fn stalled_subscriber_does_not_slow_the_others(h: &Harness) {
+    const N: usize = 5000;
+    // Large enough that what the stalled subscriber's connection can hold
+    // (the broker's write queue, socket or pipe buffers) is far less than N
+    // messages, so its broker-side buffer overflows.
+    let padding = bytes::Bytes::from(vec![b'.'; 8 * 1024]);
+    let publisher = h.client().await;
+    step(publisher.create_topic("firehose")).await.unwrap();
+    // Subscribed on a connection of its own and never read.
+    let stalled_client = h.client().await;
+    let _stalled = step(stalled_client.subscribe_with_buffer("firehose", 8))
+        .await
+        .unwrap();
+    let mut readers = tokio::task::JoinSet::new();
+    for _ in 0..2 {
+        let c = h.client().await;
+        // Room for everything: these must not lose a message, however
+        // loaded the machine.
+        let mut sub = step(c.subscribe_with_buffer("firehose", N)).await.unwrap();
+        readers.spawn(async move {
+            let mut got = Vec::with_capacity(N);
+            for _ in 0..N {
+                let m = within(Duration::from_secs(10), sub.recv())
+                    .await
+                    .expect("a delivery");
+                assert_eq!(m.payload.len(), 8 * 1024);
+                got.push(m.request_id.unwrap());
+            }
+            (got, sub, c)
+        });
+    }
+    for i in 0..N {
+        let m = Message::binary(padding.clone(), None).with_request_id(i.to_string());
+        within(Duration::from_secs(2), publisher.publish("firehose", m))
+            .await
+            .unwrap();
+    }
+    let mut live = Vec::new();
+    while let Some(r) = step(readers.join_next()).await {
+        let (got, sub, c) = r.unwrap();
+        assert_eq!(got, numbers(N));
+        live.push((sub, c));
+    }
+    // Counters are updated before each publish is answered: settled now.
+    let status = step(publisher.topic_status("firehose")).await.unwrap();
+    assert_eq!(status.subscribers, 3);
+    assert_eq!(status.published, N as u64);
+    assert!(status.dropped > 0, "no drops counted: {status:?}");
+    assert_eq!(
+        status.delivered + status.dropped,
+        3 * N as u64,
+        "{status:?}"
+    );
+    assert!(status.delivered >= 2 * N as u64, "{status:?}");
+    let stats = step(publisher.stats()).await.unwrap();
+    let t = stats.topics.iter().find(|t| t.name == "firehose").unwrap();
+    assert_eq!(t, &status);
+}
+
+async fn unsubscribe_stops_deliveries(h: &Harness) {
+    let c = h.client().await;
+    step(c.create_topic("t")).await.unwrap();
+    let mut leaving = step(c.subscribe("t")).await.unwrap();
+    let mut staying = step(c.subscribe("t")).await.unwrap();
+    step(c.publish("t", Message::plain_text("a")))
+        .await
+        .unwrap();
+    assert_eq!(take(&mut leaving, 1).await, ["a"]);
+    assert_eq!(take(&mut staying, 1).await, ["a"]);
+
+    step(leaving.unsubscribe()).await.unwrap();
+    let before = step(c.topic_status("t")).await.unwrap();
+    assert_eq!(before.subscribers, 1);
+    step(c.publish("t", Message::plain_text("b")))
+        .await
+        .unwrap();
+    step(c.publish("t", Message::plain_text("c")))
+        .await
+        .unwrap();
+    assert_eq!(take(&mut staying, 2).await, ["b", "c"]);
+    let after = step(c.topic_status("t")).await.unwrap();
+    // One delivery per publish: nothing went to the ended subscription.
+    assert_eq!(after.delivered - before.delivered, 2);
+    assert_eq!(after.dropped, 0);
+
+    // Unsubscribing what is not subscribed is a bad request.
+    let mut bogus = Message::new(MessageType::Unsubscribe).with_destination("t");
+    bogus.correlation_id = Some(uuid::Uuid::new_v4());
+    let resp = step(c.request(bogus)).await.unwrap();
+    assert_eq!(resp.status(), ResponseStatus::BadRequest);
+}
+
+async fn dropped_subscription_is_removed(h: &Harness) {
+    let c = h.client().await;
+    step(c.create_topic("t")).await.unwrap();
+    let sub = step(c.subscribe("t")).await.unwrap();
+    let other = h.client().await;
+    let _kept = step(other.subscribe("t")).await.unwrap();
+    assert_eq!(step(c.topic_status("t")).await.unwrap().subscribers, 2);
+    drop(sub);
+    eventually("the dropped subscription is removed", || {
+        let c = c.clone();
+        async move { c.topic_status("t").await.unwrap().subscribers == 1 }
+    })
+    .await;
+    // A subscriber's connection closing removes its subscriptions too.
+    step(other.close()).await;
+    eventually("the closed connection's subscription is removed", || {
+        let c = c.clone();
+        async move { c.topic_status("t").await.unwrap().subscribers == 0 }
+    })
+    .await;
+}
+
+async fn remove_topic_ends_subscriptions(h: &Harness) {
+    let c = h.client().await;
+    step(c.create_topic("doomed")).await.unwrap();
+    let mut sub = step(c.subscribe("doomed")).await.unwrap();
+    let other = h.client().await;
+    let mut other_sub = step(other.subscribe("doomed")).await.unwrap();
+    step(c.publish("doomed", Message::plain_text("last")))
+        .await
+        .unwrap();
+    step(c.remove_topic("doomed")).await.unwrap();
+    // Deliveries made before the removal are still read, then the end.
+    assert_eq!(take(&mut sub, 1).await, ["last"]);
+    assert!(step(sub.recv()).await.is_none());
+    assert_eq!(take(&mut other_sub, 1).await, ["last"]);
+    assert!(step(other_sub.recv()).await.is_none());
+    assert_status(
+        step(c.publish("doomed", Message::plain_text("x"))).await,
+        ResponseStatus::TopicNotFound,
+    );
+    assert_status(
+        step(c.remove_topic("doomed")).await,
+        ResponseStatus::TopicNotFound,
+    );
+    // Both connections go on working.
+    step(c.ping()).await.unwrap();
+    step(other.ping()).await.unwrap();
+}
+
+async fn unknown_topic(h: &Harness) {
+    let c = h.client().await;
+    assert_status(
+        step(c.publish("nowhere", Message::plain_text("x"))).await,
+        ResponseStatus::TopicNotFound,
+    );
+    assert_status(
+        step(c.subscribe("nowhere")).await,
+        ResponseStatus::TopicNotFound,
+    );
+    assert_status(
+        step(c.topic_status("nowhere")).await,
+        ResponseStatus::TopicNotFound,
+    );
+    // A oneway publish to an unknown topic gets no answer; the connection
+    // stays usable.
+    step(c.publish_oneway("nowhere", Message::plain_text("x")))
+        .await
+        .unwrap();
+    step(c.ping()).await.unwrap();
+    // Creating is idempotent and listed.
+    let first = step(c.create_topic("somewhere")).await.unwrap();
+    let again = step(c.create_topic("somewhere")).await.unwrap();
+    assert_eq!(first, again);
+    let topics = step(c.list_topics()).await.unwrap();
+    assert_eq!(topics.len(), 1);
+    assert_eq!(topics[0].name, "somewhere");
+}
+
+async fn embedded_subscriber_receives_remote_publishes(h: &Harness) {
+    h.broker.create_topic("events").unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+    h.broker
+        .subscribe("events", move |m: Message| {
+            tx.send(text(&m)).unwrap();
+        })
+        .unwrap();
+    let c = h.client().await;
+    for i in 0..100 {
+        step(c.publish("events", Message::plain_text(i.to_string())))
+            .await
+            .unwrap();
+    }
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        got.push(step(rx.recv()).await.unwrap());
+    }
+    assert_eq!(got, numbers(100));
+    // The other way round: a remote subscriber receives what the embedded
+    // broker publishes.
+    let mut sub = step(c.subscribe("events")).await.unwrap();
+    h.broker
+        .publish("events", Message::plain_text("from inside"))
+        .unwrap();
+    assert_eq!(take(&mut sub, 1).await, ["from inside"]);
+    assert_eq!(step(rx.recv()).await.unwrap(), "from inside");
+}
+
+async fn delivery_keeps_the_published_fields(h: &Harness) {
+    let c = h.client().await;
+    step(c.create_topic("t")).await.unwrap();
+    let mut sub = step(c.subscribe("t")).await.unwrap();
+    let m = Message::data(&serde_json::json!({"k": 1}))
+        .with_subject("subj")
+        .with_request_id("r-1")
+        .with_reply_to("replies");
+    let id = m.id;
+    step(c.publish("t", m)).await.unwrap();
+    let d = step(sub.recv()).await.unwrap();
+    assert_eq!(d.r#type, MessageType::Publish);
+    assert_eq!(d.id, id);
+    assert_eq!(d.correlation_id, Some(sub.id()));
+    assert_eq!(d.destination.as_deref(), Some("t"));
+    assert_eq!(d.subject.as_deref(), Some("subj"));
+    assert_eq!(d.request_id.as_deref(), Some("r-1"));
+    assert_eq!(d.reply_to.as_deref(), Some("replies"));
+    assert_eq!(d.data_payload().unwrap(), serde_json::json!({"k": 1}));
+}
+
+async fn blocking_client_subscribes(h: &Harness) {
+    h.broker.create_topic("t").unwrap();
+    let url = h.url.clone();
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let received = tokio::spawn(on_thread(move || {
+        let c = Client::connect(&url).unwrap();
+        let mut sub = c.subscribe("t").unwrap();
+        ready_tx.send(()).unwrap();
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            let m = sub.recv_timeout(Duration::from_secs(5)).unwrap().unwrap();
+            got.push(text(&m));
+        }
+        // Nothing more: a timeout, not an end.
+        assert!(sub
+            .recv_timeout(Duration::from_millis(50))
+            .unwrap()
+            .is_none());
+        sub.unsubscribe().unwrap();
+        got
+    }));
+    step(ready_rx).await.unwrap();
+    let c = h.client().await;
+    for s in ["x", "y", "z"] {
+        step(c.publish("t", Message::plain_text(s))).await.unwrap();
+    }
+    assert_eq!(step(received).await.unwrap(), ["x", "y", "z"]);
+    assert_eq!(step(c.topic_status("t")).await.unwrap().subscribers, 0);
+}
