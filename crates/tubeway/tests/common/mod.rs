@@ -197,21 +197,31 @@ pub fn default_config() -> BrokerConfig {
 macro_rules! transport_tests {
     ($($name:ident $(with $cfg:expr)?),* $(,)?) => {
         mod tcp {
+            // The configuration expressions name items of the test file.
+            #[allow(unused_imports)]
+            use super::*;
             $crate::transport_tests!(@each Tcp; $($name $(with $cfg)?),*);
         }
         mod unix {
+            // The configuration expressions name items of the test file.
+            #[allow(unused_imports)]
+            use super::*;
             $crate::transport_tests!(@each Unix; $($name $(with $cfg)?),*);
         }
         mod mem {
+            // The configuration expressions name items of the test file.
+            #[allow(unused_imports)]
+            use super::*;
             $crate::transport_tests!(@each Mem; $($name $(with $cfg)?),*);
         }
     };
+    (@config) => { $crate::common::default_config() };
+    (@config $cfg:expr) => { $cfg };
     (@each $t:ident; $($name:ident $(with $cfg:expr)?),*) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                let config = $crate::common::default_config();
-                $(let config = $cfg;)?
+                let config = $crate::transport_tests!(@config $($cfg)?);
                 let h = $crate::common::Harness::start(
                     $crate::common::Transport::$t,
                     config,
