@@ -1,0 +1,223 @@
+//! Printing messages, statuses and errors, and choosing the exit status.
+
+use std::fmt::Display;
+use std::io::{self, Write};
+
+use serde::Serialize;
+use tubeway::{Message, PayloadKind};
+
+use crate::cli::{UsageError, EXIT_CONNECTION, EXIT_FAILED, EXIT_OK, EXIT_USAGE};
+
+/// Prints to stdout in the human or the JSON form.
+#[derive(Debug, Clone, Copy)]
+pub struct Printer {
+    json: bool,
+}
+
+impl Printer {
+    /// A printer for `--json` (`json = true`) or the human form.
+    pub fn new(json: bool) -> Self {
+        Printer { json }
+    }
+
+    /// Whether output is JSON.
+    pub fn is_json(&self) -> bool {
+        self.json
+    }
+
+    /// Prints one message: its JSON form on one line, or its payload.
+    pub fn message(&self, msg: &Message) -> io::Result<()> {
+        if self.json {
+            self.line(msg.to_json())
+        } else {
+            self.line(human_payload(msg))
+        }
+    }
+
+    /// Prints an outcome: `human` as a line, or `json` as one compact line.
+    pub fn status(&self, human: impl Display, json: serde_json::Value) -> io::Result<()> {
+        if self.json {
+            self.line(json)
+        } else {
+            self.line(human)
+        }
+    }
+
+    /// Prints `value` as one compact JSON line.
+    pub fn json_line<T: Serialize>(&self, value: &T) -> io::Result<()> {
+        let text = serde_json::to_string(value).map_err(io::Error::other)?;
+        self.line(text)
+    }
+
+    /// Prints one line and flushes, so a reader of a pipe sees it at once.
+    pub fn line(&self, text: impl Display) -> io::Result<()> {
+        let mut out = io::stdout().lock();
+        writeln!(out, "{text}")?;
+        out.flush()
+    }
+}
+
+/// The human form of a message: text as is, data as pretty JSON, anything
+/// else as `<N bytes binary MIMETYPE>`.
+pub fn human_payload(msg: &Message) -> String {
+    let binary = || {
+        format!(
+            "<{} bytes binary {}>",
+            msg.payload.len(),
+            msg.payload_mimetype
+                .as_deref()
+                .unwrap_or(tubeway::MIME_BINARY)
+        )
+    };
+    match msg.payload_kind() {
+        PayloadKind::Empty => "<empty>".to_owned(),
+        PayloadKind::Data => match msg.data_payload() {
+            Ok(v) => serde_json::to_string_pretty(&v).unwrap_or_else(|_| binary()),
+            Err(_) => binary(),
+        },
+        PayloadKind::Text => match msg.text_payload() {
+            Ok(t) => t.strip_suffix('\n').unwrap_or(&t).to_owned(),
+            Err(_) => binary(),
+        },
+        _ => binary(),
+    }
+}
+
+/// Formats rows as left-aligned columns separated by two spaces.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut push_row = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut line = String::new();
+        for (i, (cell, w)) in cells.zip(&widths).enumerate() {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            line.push_str(cell);
+            line.extend(std::iter::repeat_n(' ', w - cell.chars().count()));
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    };
+    push_row(&mut header.iter().copied());
+    for row in rows {
+        push_row(&mut row.iter().map(String::as_str));
+    }
+    out.pop();
+    out
+}
+
+/// Reports `err` on stderr as one line and returns the exit status.
+pub fn report(err: &anyhow::Error) -> u8 {
+    let (code, line) = describe(err);
+    if let Some(line) = line {
+        let _ = writeln!(io::stderr().lock(), "error: {line}");
+    }
+    code
+}
+
+/// The exit status for `err` and the line to print (none for a closed stdout).
+pub fn describe(err: &anyhow::Error) -> (u8, Option<String>) {
+    for cause in err.chain() {
+        if let Some(e) = cause.downcast_ref::<tubeway::Error>() {
+            return describe_client_error(e);
+        }
+        if cause.downcast_ref::<UsageError>().is_some() {
+            return (EXIT_USAGE, Some(format!("{err:#}")));
+        }
+        if let Some(e) = cause.downcast_ref::<io::Error>() {
+            if e.kind() == io::ErrorKind::BrokenPipe {
+                // Whoever read our output stopped reading (`| head`): not a failure.
+                return (EXIT_OK, None);
+            }
+        }
+    }
+    (EXIT_FAILED, Some(format!("{err:#}")))
+}
+
+fn describe_client_error(e: &tubeway::Error) -> (u8, Option<String>) {
+    use tubeway::Error as E;
+    let (code, line) = match e {
+        E::Status { .. } => (EXIT_FAILED, e.to_string()),
+        E::TooLarge { .. } | E::Timeout(_) => match e.status() {
+            Some(status) => (EXIT_FAILED, format!("{status}: {e}")),
+            None => (EXIT_FAILED, e.to_string()),
+        },
+        E::InvalidUrl(_) => (EXIT_USAGE, format!("bad --url: {e}")),
+        E::Connect { .. } | E::Handshake(_) | E::ConnectionClosed(_) => {
+            (EXIT_CONNECTION, e.to_string())
+        }
+        _ => (EXIT_FAILED, e.to_string()),
+    };
+    (code, Some(line))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tubeway::{ResponseStatus, MIME_TEXT};
+
+    #[test]
+    fn human_forms() {
+        assert_eq!(human_payload(&Message::plain_text("hi")), "hi");
+        assert_eq!(human_payload(&Message::plain_text("hi\n")), "hi");
+        assert_eq!(
+            human_payload(&Message::data(&serde_json::json!({"a": 1}))),
+            "{\n  \"a\": 1\n}"
+        );
+        assert_eq!(
+            human_payload(&Message::binary(vec![0u8; 3], None)),
+            "<3 bytes binary application/octet-stream>"
+        );
+        assert_eq!(
+            human_payload(&Message::binary(vec![1u8; 2], Some("image/png"))),
+            "<2 bytes binary image/png>"
+        );
+        assert_eq!(human_payload(&Message::request()), "<empty>");
+        let bad_text = Message::binary(vec![0xff, 0xfe], Some(MIME_TEXT));
+        assert_eq!(human_payload(&bad_text), "<2 bytes binary text/plain>");
+    }
+
+    #[test]
+    fn tables() {
+        let t = table(
+            &["NAME", "SIZE"],
+            &[
+                vec!["jobs".into(), "3".into()],
+                vec!["x".into(), "10".into()],
+            ],
+        );
+        assert_eq!(t, "NAME  SIZE\njobs  3\nx     10");
+    }
+
+    #[test]
+    fn exit_statuses() {
+        let status = |e: tubeway::Error| describe(&anyhow::Error::new(e));
+        let (code, line) = status(tubeway::Error::Status {
+            status: ResponseStatus::QueueEmpty,
+            reason: "queue \"q\" is empty".into(),
+        });
+        assert_eq!(code, 1);
+        assert_eq!(line.unwrap(), "queue_empty: queue \"q\" is empty");
+        let (code, line) = status(tubeway::Error::TooLarge { len: 10, max: 5 });
+        assert_eq!(code, 1);
+        assert!(line.unwrap().starts_with("too_large: "));
+        let (code, line) = status(tubeway::Error::Timeout(Duration::from_secs(1)));
+        assert_eq!(code, 1);
+        assert!(line.unwrap().starts_with("timeout: "));
+        let (code, _) = status(tubeway::Error::ConnectionClosed("gone".into()));
+        assert_eq!(code, 3);
+        let (code, _) = describe(&anyhow::Error::new(UsageError("bad".into())));
+        assert_eq!(code, 2);
+        let (code, line) = describe(&anyhow::anyhow!("something else"));
+        assert_eq!((code, line.as_deref()), (1, Some("something else")));
+        let pipe = anyhow::Error::new(io::Error::from(io::ErrorKind::BrokenPipe));
+        assert_eq!(describe(&pipe), (0, None));
+    }
+}

@@ -1,0 +1,60 @@
+//! `tubeway server`: a broker with the built-in `echo` function.
+
+use anyhow::Context as _;
+use tokio::signal::unix::{signal, SignalKind};
+use tubeway::{Broker, BrokerConfig, Message, Url};
+
+use crate::cli::{ServerArgs, UsageError};
+use crate::output::Printer;
+
+/// Runs the broker until SIGINT or SIGTERM, then shuts it down gracefully.
+pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
+    let urls = args
+        .listen
+        .iter()
+        .map(|u| {
+            u.parse::<Url>()
+                .map_err(|e| UsageError(format!("bad --listen {u:?}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(url) = urls.iter().find(|u| matches!(u, Url::Mem(_))) {
+        return Err(UsageError(format!(
+            "cannot serve {url}: mem:// addresses are reachable only inside one process"
+        ))
+        .into());
+    }
+    let config = BrokerConfig::default()
+        .max_message_size(usize::try_from(args.max_message_size)?)
+        .max_connections(usize::try_from(args.max_connections).unwrap_or(usize::MAX));
+    let broker = Broker::new(config);
+    // The request itself is the answer: payload, mimetype, charset and subject.
+    broker
+        .create_function("echo", Ok::<Message, _>)
+        .context("cannot create the echo function")?;
+
+    // Installed before binding, so a signal sent as soon as an address is
+    // printed is handled, not fatal.
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+
+    let out = Printer::new(false);
+    for url in &urls {
+        let bound = match broker.listen(url).await {
+            Ok(bound) => bound,
+            Err(e) => {
+                broker.shutdown().await;
+                return Err(anyhow::anyhow!("cannot listen on {url}: {e}"));
+            }
+        };
+        // A closed stdout must not stop the broker.
+        let _ = out.line(format_args!("listening on {bound}"));
+    }
+
+    tokio::select! {
+        _ = interrupt.recv() => tracing::info!("SIGINT received"),
+        _ = terminate.recv() => tracing::info!("SIGTERM received"),
+    }
+    broker.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}
