@@ -505,8 +505,5 @@ async fn function_status_counts_calls_and_errors(h: &Harness) {
         .collect();
     assert_eq!(names, ["echo", "fails"]);
     // A worker cannot take over a function served inside the broker.
-    assert_status(
-        step(c.serve("echo", Ok)).await,
-        ResponseStatus::Conflict,
-    );
+    assert_status(step(c.serve("echo", Ok)).await, ResponseStatus::Conflict);
 }

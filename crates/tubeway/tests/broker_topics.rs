@@ -19,6 +19,8 @@ crate::transport_tests! {
     embedded_subscriber_receives_remote_publishes,
     delivery_keeps_the_published_fields,
     blocking_client_subscribes,
+    #[ignore = "broker bug: a panic in a Broker::subscribe handler silently ends the subscription (broker.rs, subscribe)"]
+    embedded_subscriber_survives_a_panicking_handler,
 }
 
 /// Receives `n` deliveries and returns their texts.
@@ -324,4 +326,32 @@ async fn blocking_client_subscribes(h: &Harness) {
     }
     assert_eq!(step(received).await.unwrap(), ["x", "y", "z"]);
     assert_eq!(step(c.topic_status("t")).await.unwrap().subscribers, 0);
+}
+
+/// A panic in an embedded subscriber's handler must not end the
+/// subscription behind the topic's back. Function handlers' panics become
+/// `handler_error` and the client's `SubscriptionHandle` catches its
+/// handler's panics and goes on; `Broker::subscribe` runs its handler bare
+/// on a task, so the first panic kills the task: later messages are never
+/// handled, yet the topic still counts the subscriber, and counts as
+/// delivered what it buffered for the dead task.
+async fn embedded_subscriber_survives_a_panicking_handler(h: &Harness) {
+    h.broker.create_topic("t").unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+    h.broker
+        .subscribe("t", move |m: Message| {
+            let t = text(&m);
+            assert_ne!(t, "boom", "deliberate test panic in a subscriber");
+            tx.send(t).unwrap();
+        })
+        .unwrap();
+    let c = h.client().await;
+    for s in ["a", "boom", "b", "c"] {
+        step(c.publish("t", Message::plain_text(s))).await.unwrap();
+    }
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(within(Duration::from_secs(3), rx.recv()).await.unwrap());
+    }
+    assert_eq!(got, ["a", "b", "c"]);
 }

@@ -192,34 +192,36 @@ pub fn default_config() -> BrokerConfig {
 
 /// Generates, for each `async fn name(h: &Harness)` listed, one test per
 /// transport: `tcp::name`, `unix::name`, `mem::name`. `name with config`
-/// starts the broker with `config` instead of the default.
+/// starts the broker with `config` instead of the default; attributes before
+/// a name (`#[ignore = "..."]`) go on its generated tests.
 #[macro_export]
 macro_rules! transport_tests {
-    ($($name:ident $(with $cfg:expr)?),* $(,)?) => {
+    ($($(#[$attr:meta])* $name:ident $(with $cfg:expr)?),* $(,)?) => {
         mod tcp {
             // The configuration expressions name items of the test file.
             #[allow(unused_imports)]
             use super::*;
-            $crate::transport_tests!(@each Tcp; $($name $(with $cfg)?),*);
+            $crate::transport_tests!(@each Tcp; $($(#[$attr])* $name $(with $cfg)?),*);
         }
         mod unix {
             // The configuration expressions name items of the test file.
             #[allow(unused_imports)]
             use super::*;
-            $crate::transport_tests!(@each Unix; $($name $(with $cfg)?),*);
+            $crate::transport_tests!(@each Unix; $($(#[$attr])* $name $(with $cfg)?),*);
         }
         mod mem {
             // The configuration expressions name items of the test file.
             #[allow(unused_imports)]
             use super::*;
-            $crate::transport_tests!(@each Mem; $($name $(with $cfg)?),*);
+            $crate::transport_tests!(@each Mem; $($(#[$attr])* $name $(with $cfg)?),*);
         }
     };
     (@config) => { $crate::common::default_config() };
     (@config $cfg:expr) => { $cfg };
-    (@each $t:ident; $($name:ident $(with $cfg:expr)?),*) => {
+    (@each $t:ident; $($(#[$attr:meta])* $name:ident $(with $cfg:expr)?),*) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            $(#[$attr])*
             async fn $name() {
                 let config = $crate::transport_tests!(@config $($cfg)?);
                 let h = $crate::common::Harness::start(
