@@ -480,10 +480,16 @@ impl Broker {
         let t = self.inner.topic(topic)?;
         let id = Uuid::new_v4();
         let mut rx = t.subscribe(id, None, self.inner.config.subscriber_buffer);
+        let name = topic.to_owned();
         self.inner.tracker.spawn(async move {
             while let Some(m) = rx.recv().await {
-                if m.r#type == tubeway_proto::MessageType::Publish {
-                    handler(m);
+                if m.r#type != tubeway_proto::MessageType::Publish {
+                    continue;
+                }
+                // One bad message must not end the subscription.
+                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(m)));
+                if run.is_err() {
+                    tracing::error!(topic = %name, "subscriber handler panicked; subscription continues");
                 }
             }
         });

@@ -185,6 +185,11 @@ impl Queue {
         }
     }
 
+    /// Counts an offer refused without waiting.
+    pub fn count_rejected(&self) {
+        self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Polls without waiting.
     pub fn poll_now(&self) -> Result<Message, QueueError> {
         self.try_poll()

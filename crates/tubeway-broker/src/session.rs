@@ -391,7 +391,7 @@ impl Session {
         loop {
             let item = tokio::select! {
                 biased;
-                _ = self.inner.shutdown.cancelled() => return,
+                _ = self.inner.shutdown.cancelled() => return self.drain(reader).await,
                 r = reader.next() => r,
             };
             let counters = &self.inner.counters;
@@ -443,6 +443,34 @@ impl Session {
                     report_read_error(&self.shared, &e).await;
                     return;
                 }
+            }
+        }
+    }
+
+    /// During shutdown: keeps reading while calls forwarded to this
+    /// connection (as a worker) await their answers, so they can finish;
+    /// anything else is answered `unavailable`.
+    async fn drain(&mut self, reader: &mut FrameReader) {
+        let until = Instant::now() + self.inner.config.shutdown_timeout;
+        while !lock(&self.shared.worker_calls).is_empty() {
+            let item = tokio::select! {
+                _ = tokio::time::sleep_until(until) => return,
+                r = reader.next() => r,
+            };
+            match item {
+                Ok(Some(Decoded::Message(m))) if m.r#type == MessageType::Response => {
+                    Counters::inc(&self.inner.counters.messages_in);
+                    self.shared.worker_answered(m);
+                }
+                Ok(Some(Decoded::Message(m))) => {
+                    Counters::inc(&self.inner.counters.messages_in);
+                    let to = ReplyTo::of(&m);
+                    self.shared
+                        .answer(&to, Err(BrokerError::shutting_down()))
+                        .await;
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return,
             }
         }
     }
@@ -656,12 +684,10 @@ impl Session {
                 })
                 .await;
             }
-            Err((e, m)) => {
-                // Count the refusal the same way a timed-out wait would.
-                let e = match e {
-                    QueueError::Full => q.offer(m, None).await.err().unwrap_or(e),
-                    e => e,
-                };
+            Err((e, _)) => {
+                if e == QueueError::Full {
+                    q.count_rejected();
+                }
                 self.shared.answer(&to, Err(queue_error(&q.name, e))).await;
             }
         }

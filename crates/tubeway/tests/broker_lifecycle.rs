@@ -22,7 +22,6 @@ crate::transport_tests! {
     broker_going_away_fails_pending_calls
         with BrokerConfig::default().shutdown_timeout(Duration::from_millis(300)),
     graceful_shutdown with BrokerConfig::default().shutdown_timeout(Duration::from_secs(3)),
-    #[ignore = "broker bug: shutdown fails remote-worker calls in flight at once (session.rs, serve/close)"]
     graceful_shutdown_lets_remote_worker_calls_finish
         with BrokerConfig::default().shutdown_timeout(Duration::from_secs(3)),
     statistics,

@@ -26,7 +26,6 @@ crate::transport_tests! {
     exists_status_and_list,
     queued_message_keeps_its_fields,
     blocking_client_offer_and_poll,
-    #[ignore = "broker bug: an offer answered queue_full can still be queued (session.rs, offer)"]
     offer_answered_queue_full_is_not_queued,
 }
 

@@ -19,7 +19,6 @@ crate::transport_tests! {
     embedded_subscriber_receives_remote_publishes,
     delivery_keeps_the_published_fields,
     blocking_client_subscribes,
-    #[ignore = "broker bug: a panic in a Broker::subscribe handler silently ends the subscription (broker.rs, subscribe)"]
     embedded_subscriber_survives_a_panicking_handler,
 }
 
