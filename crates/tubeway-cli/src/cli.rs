@@ -61,6 +61,19 @@ Exit status:
 Logging goes to stderr: --log-level LEVEL or RUST_LOG (default: info for
 `server`, warn for the client commands).";
 
+const EXAMPLES: &str = "\
+Examples:
+  tubeway server --listen tcp://0.0.0.0:33333 --listen unix:///tmp/tubeway.sock
+  tubeway call echo 'hello'
+  tubeway call echo --data '{\"n\": 1}' --json
+  tubeway queue create jobs --capacity 1000
+  tubeway offer jobs 'resize image 42' --ttl 1m
+  tubeway poll jobs --count 10 --wait 5s
+  tubeway topic create news
+  tubeway subscribe news --count 2 &
+  tubeway publish news 'extra, extra'
+  TUBEWAY_URL=unix:///tmp/tubeway.sock tubeway stats";
+
 /// The `tubeway` command line.
 #[derive(Debug, Parser)]
 #[command(
@@ -68,13 +81,15 @@ Logging goes to stderr: --log-level LEVEL or RUST_LOG (default: info for
     version,
     about = "Tubeway broker and command-line client: functions, queues and topics",
     long_about = LONG_ABOUT,
+    after_long_help = EXAMPLES,
     propagate_version = true
 )]
 pub struct Cli {
-    /// Log filter: error, warn, info, debug, trace, or a RUST_LOG-style
-    /// directive such as `tubeway_broker=debug`. Overrides RUST_LOG.
-    /// Default: info for `server`, warn for the client commands.
-    #[arg(long, global = true, value_name = "LEVEL")]
+    /// Log level or filter, overriding RUST_LOG (default: info for `server`, warn otherwise).
+    ///
+    /// error, warn, info, debug, trace, or a RUST_LOG-style directive such
+    /// as `tubeway_broker=debug,info`. Logs go to stderr.
+    #[arg(long, global = true, value_name = "LEVEL", display_order = 100)]
     pub log_level: Option<String>,
 
     /// What to do.

@@ -22,7 +22,12 @@ pub async fn run(args: StatsArgs) -> anyhow::Result<()> {
 
 /// The human form of the statistics.
 fn summary(s: &Stats) -> String {
-    let uptime = Duration::from_secs(s.uptime_ms / 1000);
+    // Whole seconds, or milliseconds while younger than a second.
+    let uptime = if s.uptime_ms < 1000 {
+        Duration::from_millis(s.uptime_ms)
+    } else {
+        Duration::from_secs(s.uptime_ms / 1000)
+    };
     let mut text = format!(
         "uptime       {}\n\
          connections  {} live, {} total, {} rejected\n\
