@@ -154,7 +154,7 @@ pub struct ServerArgs {
 
     /// Live connections allowed at once; further ones are refused with `unavailable`.
     #[arg(long, value_name = "N", default_value_t = 10_000,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub max_connections: u64,
 }
 

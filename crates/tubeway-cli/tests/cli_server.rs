@@ -110,6 +110,40 @@ fn malformed_url_and_values_are_usage_errors() {
 }
 
 #[test]
+fn refused_connections_exit_3() {
+    let server = Server::start_with(&["--max-connections", "1"]);
+    server.run(&["topic", "create", "t"]).ok();
+    // The subscriber holds the only connection allowed. It may itself be
+    // refused while the broker still counts a connection that just closed:
+    // then it is started again.
+    let mut sub = Proc::spawn(&mut server.cmd(&["subscribe", "t"]));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let stderr = loop {
+        assert!(Instant::now() < deadline, "stats never refused");
+        if sub.child.try_wait().expect("try_wait").is_some() {
+            sub = Proc::spawn(&mut server.cmd(&["subscribe", "t"]));
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        let out = server.run(&["stats"]);
+        if !out.status.success() {
+            break out.fails_with(3).to_owned();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert!(stderr.contains("unavailable"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    // Once it leaves, there is room again.
+    drop(sub);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !server.run(&["stats"]).status.success() {
+        assert!(Instant::now() < deadline, "the connection was never freed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
 fn max_message_size_above_1gib_is_rejected() {
     let out = run(tubeway().args([
         "server",
