@@ -592,7 +592,8 @@ impl Session {
     }
 
     /// Runs `op` on a task of its own, bounded by the connection's in-flight
-    /// limit; it stops early if the peer goes away.
+    /// limit. An operation whose answer is awaited stops early if the peer goes
+    /// away; a oneway one runs to completion, since nobody waits to see it.
     async fn spawn<F>(&self, to: ReplyTo, op: F)
     where
         F: Future<Output = Option<Result<Message, BrokerError>>> + Send + 'static,
@@ -605,9 +606,13 @@ impl Session {
         let shared = self.shared.clone();
         self.inner.tracker.spawn(async move {
             let _permit = permit;
-            let result = tokio::select! {
-                _ = shared.gone.cancelled() => return,
-                r = op => r,
+            let result = if to.oneway {
+                op.await
+            } else {
+                tokio::select! {
+                    _ = shared.gone.cancelled() => return,
+                    r = op => r,
+                }
             };
             if let Some(result) = result {
                 shared.answer(&to, result).await;

@@ -16,8 +16,7 @@ pub async fn run(args: CallArgs) -> anyhow::Result<()> {
         let id = msg.id;
         client.send_oneway(&args.function, msg).await?;
         // The broker reads a connection's frames in order, so the answer to
-        // this ping means it has taken the call; closing at once could make
-        // it drop the call with the connection.
+        // this ping confirms it received the call before we report "sent".
         client.ping().await?;
         client.close().await;
         return Ok(out.status(

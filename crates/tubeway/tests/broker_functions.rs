@@ -17,6 +17,7 @@ crate::transport_tests! {
     call_from_blocking_client,
     send_async_future,
     oneway_call_runs_the_handler,
+    oneway_call_survives_its_sender_disconnecting,
     handler_error_is_reported_and_the_broker_keeps_serving,
     handler_panic_is_reported_and_the_broker_keeps_serving,
     unknown_function,
@@ -157,6 +158,28 @@ async fn oneway_call_runs_the_handler(h: &Harness) {
         .await
         .unwrap();
     assert_eq!(step(wrx.recv()).await.unwrap(), "to the worker");
+}
+
+async fn oneway_call_survives_its_sender_disconnecting(h: &Harness) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+    h.broker
+        .create_async_function("slow-record", move |m: Message| {
+            let tx = tx.clone();
+            async move {
+                // Still running when the sender's connection is gone.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                tx.send(m.text_payload()?.into_owned()).unwrap();
+                Ok(Message::request())
+            }
+        })
+        .unwrap();
+    let c = h.client().await;
+    step(c.send_oneway("slow-record", Message::plain_text("fire and forget")))
+        .await
+        .unwrap();
+    c.close().await;
+    drop(c);
+    assert_eq!(step(rx.recv()).await.unwrap(), "fire and forget");
 }
 
 async fn handler_error_is_reported_and_the_broker_keeps_serving(h: &Harness) {
