@@ -246,7 +246,7 @@ fn invalid_vectors_fail_with_their_kind() {
             .bytes
             .get(4..8)
             .map(|b| u32::from_le_bytes(b.try_into().unwrap()));
-        let incomplete = declared.map_or(true, |len| (v.bytes.len() as u64) < u64::from(len));
+        let incomplete = declared.is_none_or(|len| (v.bytes.len() as u64) < u64::from(len));
         if err.is_fatal() {
             assert!(items.is_empty(), "{label}: {items:?}");
             assert_eq!(stream_err.as_ref().map(error_kind), Some(kind), "{label}");
