@@ -169,7 +169,7 @@ async fn write_all_vectored(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
     use crate::{connect, Listener, Url};
