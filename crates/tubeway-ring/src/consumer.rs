@@ -1,0 +1,406 @@
+//! The reading end of a ring.
+
+use std::fmt;
+use std::ops::Deref;
+use std::time::Instant;
+
+use crate::error::{Corrupt, ReadError, ReadMessageError, TryReadError};
+use crate::producer::check_indices;
+use crate::record::{self, FLAG_MORE, FLAG_PADDING, KNOWN_FLAGS};
+use crate::ring::Ring;
+use crate::sync::{fence, Ordering};
+use crate::wait::{self, Doorbell, Sleeper, WaitStrategy, Wake, DOORBELL, FUTEX};
+
+/// The reading end of a ring: one per ring, `Send` but not `Sync`.
+///
+/// Borrows each record in place ([`Record`]) and releases it when done. The
+/// head index it publishes is kept in this process and only ever stored to
+/// shared memory; the writer's tail and every record header are read from
+/// it once and validated. Dropping the consumer closes it.
+#[derive(Debug)]
+pub struct Consumer {
+    ring: Ring,
+    cursor: Cursor,
+    /// Closed by this end.
+    closed: bool,
+    doorbell: Option<Doorbell>,
+}
+
+/// A validated record: its payload at `pos` (data-area offset), `len`
+/// bytes, `flags`; the head after it is `next`.
+#[derive(Clone, Copy, Debug)]
+struct Found {
+    pos: u64,
+    len: u64,
+    flags: u32,
+    next: u64,
+}
+
+impl Consumer {
+    pub(crate) fn new(ring: Ring) -> Result<Consumer, Corrupt> {
+        let header = ring.header();
+        let head = header.consumer.head.load(Ordering::Acquire);
+        let tail = header.producer.tail.load(Ordering::Acquire);
+        check_indices(head, tail, ring.capacity())?;
+        Ok(Consumer {
+            ring,
+            cursor: Cursor { head, tail: head },
+            closed: false,
+            doorbell: None,
+        })
+    }
+
+    /// Sets the doorbell rung when the writer sleeps on its doorbell waiting
+    /// for space ([`Producer::announce_doorbell_wait`](crate::Producer::announce_doorbell_wait)).
+    ///
+    /// Without one, [`Record::release`] reports [`Wake::Doorbell`] when the
+    /// caller must ring it, and a record released by being dropped cannot.
+    pub fn set_doorbell(&mut self, doorbell: Option<Doorbell>) {
+        self.doorbell = doorbell;
+    }
+
+    /// Bytes of data area.
+    pub fn capacity(&self) -> usize {
+        self.ring.capacity() as usize
+    }
+
+    /// The largest payload of one record.
+    pub fn max_record(&self) -> usize {
+        record::max_payload(self.ring.capacity()) as usize
+    }
+
+    /// How the writer is waiting for space, if it is.
+    pub fn peer_waiting(&self) -> Option<Sleeper> {
+        Sleeper::from_word(
+            self.ring
+                .header()
+                .producer
+                .writer_waiting
+                .load(Ordering::Relaxed),
+        )
+    }
+
+    /// The next record, if one is published; `Closed` once every record is
+    /// read and the writer closed (or died), or this end closed.
+    pub fn try_read(&mut self) -> Result<Option<Record<'_>>, TryReadError> {
+        Ok(self.poll()?.map(|found| Record::new(self, found)))
+    }
+
+    /// The next record, waiting for it with `strategy` until `deadline`.
+    pub fn read(
+        &mut self,
+        strategy: &WaitStrategy,
+        deadline: Option<Instant>,
+    ) -> Result<Record<'_>, ReadError> {
+        let ring = &self.ring;
+        let cursor = &mut self.cursor;
+        let closed = self.closed;
+        let word = &ring.header().consumer.reader_waiting;
+        let found = wait::wait_for(
+            strategy,
+            deadline,
+            word,
+            || word.store(FUTEX, Ordering::Relaxed),
+            || cursor.poll(ring, closed),
+        )?;
+        match found {
+            Some(found) => Ok(Record::new(self, found)),
+            None => Err(ReadError::TimedOut),
+        }
+    }
+
+    /// Reads one whole message, appending its fragments to `out`; returns
+    /// its length. Waits with `strategy` until `deadline` for each fragment.
+    /// Refuses a message longer than `max_len`: its fragments read so far
+    /// are in `out` and released, its rest is still in the ring, so the
+    /// stream is out of step and should be closed.
+    ///
+    /// On `TimedOut` part of a message may be in `out`; a call with the same
+    /// `out` continues it.
+    pub fn read_message(
+        &mut self,
+        out: &mut Vec<u8>,
+        max_len: usize,
+        strategy: &WaitStrategy,
+        deadline: Option<Instant>,
+    ) -> Result<usize, ReadMessageError> {
+        let start = out.len();
+        loop {
+            let record = self.read(strategy, deadline)?;
+            if out.len() - start + record.len() > max_len {
+                return Err(ReadMessageError::TooLarge { max: max_len });
+            }
+            out.extend_from_slice(&record);
+            if record.is_last() {
+                return Ok(out.len() - start);
+            }
+        }
+    }
+
+    /// Announces that the reader will sleep on its doorbell, unless a record
+    /// is already there or the ring is closed: then withdraws and returns
+    /// false, and the caller must not sleep. After waking, call
+    /// [`withdraw_wait`](Consumer::withdraw_wait).
+    pub fn announce_doorbell_wait(&self) -> bool {
+        let header = self.ring.header();
+        let word = &header.consumer.reader_waiting;
+        let ready = wait::announce_then_check(
+            word,
+            || word.store(DOORBELL, Ordering::Relaxed),
+            || {
+                // Anything but our own head (corrupt included) is worth a
+                // look by `try_read`.
+                let tail = header.producer.tail.load(Ordering::Acquire);
+                let ready = self.closed || tail != self.cursor.head || writer_gone(&self.ring);
+                ready.then_some(())
+            },
+        );
+        ready.is_none()
+    }
+
+    /// Withdraws an announcement made by
+    /// [`announce_doorbell_wait`](Consumer::announce_doorbell_wait).
+    pub fn withdraw_wait(&self) {
+        wait::withdraw(&self.ring.header().consumer.reader_waiting);
+    }
+
+    /// Closes this end: the writer's writes fail with `Closed` from now on.
+    /// Idempotent; also done on drop.
+    pub fn close(&mut self) -> Wake {
+        if self.closed {
+            return Wake::None;
+        }
+        self.closed = true;
+        let header = self.ring.header();
+        wait::close(
+            &header.consumer.closed,
+            &header.producer.writer_waiting,
+            self.doorbell.as_ref(),
+        )
+    }
+
+    /// Declares the writer's process dead (see
+    /// [`Region::mark_peer_dead`](crate::Region::mark_peer_dead)).
+    pub fn mark_peer_dead(&self) {
+        self.ring.region().mark_peer_dead(self.ring.side());
+    }
+
+    fn poll(&mut self) -> Result<Option<Found>, TryReadError> {
+        self.cursor.poll(&self.ring, self.closed)
+    }
+
+    /// Releases the record that ends at `next`, publishing the new head, and
+    /// wakes the writer if it sleeps waiting for that much space.
+    fn release(&mut self, next: u64) -> Wake {
+        self.cursor.head = next;
+        let header = self.ring.header();
+        header.consumer.head.store(next, Ordering::Release);
+        // The publisher's half of the Dekker pair (see wait.rs).
+        fence(Ordering::SeqCst);
+        let line = &header.producer;
+        if line.writer_waiting.load(Ordering::Relaxed) == 0
+            || next < line.writer_wake_at.load(Ordering::Relaxed)
+        {
+            return Wake::None;
+        }
+        wait::wake(&line.writer_waiting, self.doorbell.as_ref())
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}
+
+/// Whether the writer closed or its process was declared dead. Acquire: a
+/// closed writer's last tail is visible after this returns true.
+fn writer_gone(ring: &Ring) -> bool {
+    ring.header().producer.closed.load(Ordering::Acquire) != 0 || ring.peer_dead()
+}
+
+/// The consumer's indices and the validation of what it reads.
+#[derive(Debug)]
+struct Cursor {
+    /// Bytes ever released; the authoritative copy, only ever stored to
+    /// shared memory.
+    head: u64,
+    /// The writer's tail as last read and validated, so that its line is
+    /// read only when everything up to it has been read.
+    tail: u64,
+}
+
+impl Cursor {
+    /// The next record, if any; `Closed` when there is none and there will
+    /// be none.
+    fn poll(&mut self, ring: &Ring, closed: bool) -> Result<Option<Found>, TryReadError> {
+        if closed {
+            return Err(TryReadError::Closed);
+        }
+        if let Some(found) = self.next(ring)? {
+            return Ok(Some(found));
+        }
+        // Look at the closed flag before the tail: if it is set, the tail
+        // read after it is the writer's last.
+        let gone = writer_gone(ring);
+        self.refresh_tail(ring)?;
+        match self.next(ring)? {
+            Some(found) => Ok(Some(found)),
+            None if gone => Err(TryReadError::Closed),
+            None => Ok(None),
+        }
+    }
+
+    /// Re-reads the writer's tail, validated.
+    fn refresh_tail(&mut self, ring: &Ring) -> Result<(), Corrupt> {
+        // Read once into a local.
+        let tail = ring.header().producer.tail.load(Ordering::Acquire);
+        check_indices(self.head, tail, ring.capacity())?;
+        // Going backwards would un-publish records.
+        if tail < self.tail {
+            return Err(Corrupt::Indices {
+                head: self.head,
+                tail,
+                capacity: ring.capacity(),
+            });
+        }
+        self.tail = tail;
+        Ok(())
+    }
+
+    /// The record at the head, if the known tail covers one; validated.
+    fn next(&self, ring: &Ring) -> Result<Option<Found>, Corrupt> {
+        let capacity = ring.capacity();
+        let readable = self.tail - self.head;
+        if readable == 0 {
+            return Ok(None);
+        }
+        let pos = self.head & (capacity - 1);
+        let (len, flags) = record::decode(ring.load_record_header(pos));
+        check_flags(self.head, flags)?;
+        if flags & FLAG_PADDING == 0 {
+            return check_record(self.head, pos, len, flags, readable, capacity).map(Some);
+        }
+        // Padding runs exactly to the end of the area, and is never needed
+        // at its start.
+        let pad = capacity - pos;
+        if pos == 0 || len + record::HEADER != pad {
+            return Err(Corrupt::Padding { at: self.head, len });
+        }
+        if pad > readable {
+            return Err(Corrupt::Length {
+                at: self.head,
+                len,
+                readable,
+            });
+        }
+        if pad == readable {
+            // Padding published on its own: the record is still to come.
+            return Ok(None);
+        }
+        let at = self.head + pad;
+        let (len, flags) = record::decode(ring.load_record_header(0));
+        check_flags(at, flags)?;
+        if flags & FLAG_PADDING != 0 {
+            return Err(Corrupt::Padding { at, len });
+        }
+        check_record(at, 0, len, flags, readable - pad, capacity).map(Some)
+    }
+}
+
+/// Flags must be known, and padding is never a fragment.
+fn check_flags(at: u64, flags: u32) -> Result<(), Corrupt> {
+    if flags & !KNOWN_FLAGS != 0 || flags == FLAG_PADDING | FLAG_MORE {
+        return Err(Corrupt::Flags { at, flags });
+    }
+    Ok(())
+}
+
+/// A record of `len` bytes at index `at` (data offset `pos`) must be no
+/// larger than a record can be, and lie within the readable bytes and the
+/// data area.
+fn check_record(
+    at: u64,
+    pos: u64,
+    len: u64,
+    flags: u32,
+    readable: u64,
+    capacity: u64,
+) -> Result<Found, Corrupt> {
+    let size = record::size(len);
+    if len > record::max_payload(capacity) || size > readable || pos + size > capacity {
+        return Err(Corrupt::Length { at, len, readable });
+    }
+    Ok(Found {
+        pos: pos + record::HEADER,
+        len,
+        flags,
+        next: at + size,
+    })
+}
+
+/// A record borrowed in place from the ring.
+///
+/// Dereferences to its payload. Releasing it (explicitly, or by dropping
+/// it) hands its space back to the writer; until then the writer cannot
+/// overwrite it. Forgetting it (`std::mem::forget`) leaves it unreleased,
+/// and the next read returns it again.
+pub struct Record<'a> {
+    consumer: &'a mut Consumer,
+    found: Found,
+    released: bool,
+}
+
+impl<'a> Record<'a> {
+    fn new(consumer: &'a mut Consumer, found: Found) -> Record<'a> {
+        Record {
+            consumer,
+            found,
+            released: false,
+        }
+    }
+
+    /// The payload.
+    pub fn bytes(&self) -> &[u8] {
+        self.consumer.ring.payload(self.found.pos, self.found.len)
+    }
+
+    /// Whether this record ends a message (no more fragments follow).
+    pub fn is_last(&self) -> bool {
+        self.found.flags & FLAG_MORE == 0
+    }
+
+    /// Releases the record; reports whether the writer must be woken by
+    /// ringing its doorbell.
+    pub fn release(mut self) -> Wake {
+        self.released = true;
+        self.consumer.release(self.found.next)
+    }
+}
+
+impl Deref for Record<'_> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
+impl Drop for Record<'_> {
+    fn drop(&mut self) {
+        if !self.released {
+            // A doorbell, if set, is rung; without one the caller chose to
+            // release explicitly when it needs to know.
+            let _ = self.consumer.release(self.found.next);
+        }
+    }
+}
+
+impl fmt::Debug for Record<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Record")
+            .field("len", &self.found.len)
+            .field("last", &self.is_last())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,422 @@
+//! The writing end of a ring.
+
+use std::time::Instant;
+
+use crate::error::{Corrupt, TryWriteError, WriteMessageError, WriteSomeError};
+use crate::parts;
+use crate::record::{self, FLAG_MORE, FLAG_PADDING};
+use crate::ring::Ring;
+use crate::sync::{fence, Ordering};
+use crate::wait::{self, Doorbell, Sleeper, WaitStrategy, Wake, DOORBELL, FUTEX};
+
+/// The writing end of a ring: one per ring, `Send` but not `Sync`.
+///
+/// Writes records (each a sequence of bytes with an end) into the ring. The
+/// tail index it publishes is kept in this process and only ever stored to
+/// shared memory; the reader's head is read from it and validated on every
+/// read. Dropping the producer closes it.
+#[derive(Debug)]
+pub struct Producer {
+    ring: Ring,
+    cursor: Cursor,
+    /// Closed by this end.
+    closed: bool,
+    doorbell: Option<Doorbell>,
+}
+
+/// Where a record goes: `pad` bytes of padding at `pos` first (0: none),
+/// then the record of `len` payload bytes.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    pos: u64,
+    pad: u64,
+    len: u64,
+}
+
+impl Producer {
+    pub(crate) fn new(ring: Ring) -> Result<Producer, Corrupt> {
+        let header = ring.header();
+        let tail = header.producer.tail.load(Ordering::Acquire);
+        let head = header.consumer.head.load(Ordering::Acquire);
+        check_indices(head, tail, ring.capacity())?;
+        Ok(Producer {
+            ring,
+            cursor: Cursor { tail, head },
+            closed: false,
+            doorbell: None,
+        })
+    }
+
+    /// Sets the doorbell rung when the reader sleeps on its doorbell
+    /// ([`Consumer::announce_doorbell_wait`](crate::Consumer::announce_doorbell_wait)).
+    ///
+    /// Without one, every write reports [`Wake::Doorbell`] when the caller
+    /// must ring it, and [`write_message`](Producer::write_message) cannot
+    /// wake such a reader between fragments.
+    pub fn set_doorbell(&mut self, doorbell: Option<Doorbell>) {
+        self.doorbell = doorbell;
+    }
+
+    /// The largest payload of one record: half the capacity less the 8-byte
+    /// record header.
+    pub fn max_record(&self) -> usize {
+        record::max_payload(self.ring.capacity()) as usize
+    }
+
+    /// Bytes of data area.
+    pub fn capacity(&self) -> usize {
+        self.ring.capacity() as usize
+    }
+
+    /// Free bytes in the ring now (0 if the reader's index is corrupt). A
+    /// record needs 8 bytes of header and padding to 8 bytes, and possibly
+    /// a padding record before it.
+    pub fn free(&self) -> usize {
+        let head = self.ring.header().consumer.head.load(Ordering::Acquire);
+        let tail = self.cursor.tail;
+        match check_indices(head, tail, self.ring.capacity()) {
+            Ok(()) => (self.ring.capacity() - (tail - head)) as usize,
+            Err(_) => 0,
+        }
+    }
+
+    /// Whether writes fail with `Closed`: this end closed, the reader
+    /// closed, or its process was declared dead.
+    pub fn is_closed(&self) -> bool {
+        self.closed || reader_gone(&self.ring)
+    }
+
+    /// How the reader is waiting, if it is.
+    pub fn peer_waiting(&self) -> Option<Sleeper> {
+        Sleeper::from_word(
+            self.ring
+                .header()
+                .consumer
+                .reader_waiting
+                .load(Ordering::Relaxed),
+        )
+    }
+
+    /// Writes one record made of `parts`, all or nothing, without waiting.
+    pub fn try_write(&mut self, parts: &[&[u8]]) -> Result<Wake, TryWriteError> {
+        if self.is_closed() {
+            return Err(TryWriteError::Closed);
+        }
+        let len = parts::total_len(parts);
+        if len > self.max_record() {
+            return Err(TryWriteError::TooLarge {
+                len,
+                max: self.max_record(),
+            });
+        }
+        match self.cursor.reserve(&self.ring, len as u64)? {
+            Some(slot) => Ok(self.commit(slot, parts, 0, 0)),
+            None => Err(TryWriteError::Full {
+                need: self.cursor.space_needed(&self.ring, len as u64) as usize,
+            }),
+        }
+    }
+
+    /// Writes as much of `parts` as fits now as one record, for a byte
+    /// stream; returns the bytes written (0 only for empty `parts`, which
+    /// writes nothing). `Full` when not a byte fits.
+    pub fn write_some(&mut self, parts: &[&[u8]]) -> Result<(usize, Wake), WriteSomeError> {
+        if self.is_closed() {
+            return Err(WriteSomeError::Closed);
+        }
+        let len = parts::total_len(parts).min(self.max_record());
+        if len == 0 {
+            return Ok((0, Wake::None));
+        }
+        match self.cursor.largest_fit(&self.ring, len as u64)? {
+            Some(slot) => {
+                let n = slot.len as usize;
+                Ok((n, self.commit(slot, parts, 0, 0)))
+            }
+            None => Err(WriteSomeError::Full),
+        }
+    }
+
+    /// Writes `parts` as one message of any size, waiting for space with
+    /// `strategy` until `deadline`.
+    ///
+    /// A message up to [`max_record`](Producer::max_record) bytes is one
+    /// record. A larger one is written as fragments, each flagged
+    /// more-fragments-follow but the last, so that the ring never limits
+    /// the size of a message. A fragment is as large as fits when at least
+    /// a quarter of the largest record (or the rest of the message) fits,
+    /// so the reader can drain the start of a message while the rest is
+    /// written.
+    ///
+    /// If the deadline passes after some fragments were written, the reader
+    /// has an unfinished message: the ring is closed
+    /// ([`WriteMessageError::TimedOutMidMessage`]).
+    pub fn write_message(
+        &mut self,
+        parts: &[&[u8]],
+        strategy: &WaitStrategy,
+        deadline: Option<Instant>,
+    ) -> Result<Wake, WriteMessageError> {
+        let total = parts::total_len(parts);
+        let max = self.max_record();
+        if total <= max {
+            return match self.wait_for_slot(total as u64, total as u64, strategy, deadline)? {
+                Some(slot) => Ok(self.commit(slot, parts, 0, 0)),
+                None => Err(WriteMessageError::TimedOut),
+            };
+        }
+        let mut written = 0;
+        let mut wake = Wake::None;
+        while written < total {
+            let want = (total - written).min(max);
+            let least = want.min(max / 4).max(1);
+            let Some(slot) = self.wait_for_slot(least as u64, want as u64, strategy, deadline)?
+            else {
+                if written == 0 {
+                    return Err(WriteMessageError::TimedOut);
+                }
+                let _ = self.close();
+                return Err(WriteMessageError::TimedOutMidMessage { written });
+            };
+            let n = slot.len as usize;
+            let flags = if written + n < total { FLAG_MORE } else { 0 };
+            wake = wake.and(self.commit(slot, parts, written, flags));
+            written += n;
+        }
+        Ok(wake)
+    }
+
+    /// Announces that the writer will sleep on its doorbell until a record
+    /// of `need` payload bytes fits, unless it already fits (or the ring is
+    /// closed): then withdraws and returns false, and the caller must not
+    /// sleep. After waking, call [`withdraw_wait`](Producer::withdraw_wait).
+    pub fn announce_doorbell_wait(&self, need: usize) -> bool {
+        let need = (need as u64).min(record::max_payload(self.ring.capacity()));
+        let line = &self.ring.header().producer;
+        let wake_at = self.cursor.wake_at(&self.ring, need);
+        let tail = self.cursor.tail;
+        let ready = wait::announce_then_check(
+            &line.writer_waiting,
+            || {
+                line.writer_wake_at.store(wake_at, Ordering::Relaxed);
+                line.writer_waiting.store(DOORBELL, Ordering::Release);
+            },
+            || {
+                let head = self.ring.header().consumer.head.load(Ordering::Acquire);
+                // A corrupt head is reported by the next write.
+                let fits =
+                    check_indices(head, tail, self.ring.capacity()).is_err() || head >= wake_at;
+                (fits || self.is_closed()).then_some(())
+            },
+        );
+        ready.is_none()
+    }
+
+    /// Withdraws an announcement made by
+    /// [`announce_doorbell_wait`](Producer::announce_doorbell_wait).
+    pub fn withdraw_wait(&self) {
+        wait::withdraw(&self.ring.header().producer.writer_waiting);
+    }
+
+    /// Closes this end: the reader gets what was written, then `Closed`.
+    /// Idempotent; also done on drop.
+    pub fn close(&mut self) -> Wake {
+        if self.closed {
+            return Wake::None;
+        }
+        self.closed = true;
+        let header = self.ring.header();
+        wait::close(
+            &header.producer.closed,
+            &header.consumer.reader_waiting,
+            self.doorbell.as_ref(),
+        )
+    }
+
+    /// Declares the reader's process dead (see
+    /// [`Region::mark_peer_dead`](crate::Region::mark_peer_dead)).
+    pub fn mark_peer_dead(&self) {
+        self.ring.region().mark_peer_dead(self.ring.side());
+    }
+
+    /// Waits until a record of at least `least` bytes fits, and returns a
+    /// slot for as much of `want` as fits then. `None`: deadline passed.
+    fn wait_for_slot(
+        &mut self,
+        least: u64,
+        want: u64,
+        strategy: &WaitStrategy,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Slot>, WriteMessageError> {
+        let ring = &self.ring;
+        let cursor = &mut self.cursor;
+        let closed = self.closed;
+        let line = &ring.header().producer;
+        let wake_at = cursor.wake_at(ring, least);
+        wait::wait_for(
+            strategy,
+            deadline,
+            &line.writer_waiting,
+            || {
+                line.writer_wake_at.store(wake_at, Ordering::Relaxed);
+                line.writer_waiting.store(FUTEX, Ordering::Release);
+            },
+            || {
+                if closed || reader_gone(ring) {
+                    return Err(WriteMessageError::Closed);
+                }
+                let slot = cursor.largest_fit(ring, want)?;
+                Ok(slot.filter(|s| s.len >= least))
+            },
+        )
+    }
+
+    /// Writes `slot`: padding if any, the record header, `slot.len` bytes of
+    /// `parts` from `skip` on; publishes the new tail and wakes the reader
+    /// if it sleeps.
+    fn commit(&mut self, slot: Slot, parts: &[&[u8]], skip: usize, flags: u32) -> Wake {
+        let capacity = self.ring.capacity();
+        let mut pos = slot.pos;
+        if slot.pad > 0 {
+            // Less than a record, so it fits in 32 bits.
+            let pad_len = u32::try_from(slot.pad - record::HEADER).unwrap_or(u32::MAX);
+            self.ring
+                .store_record_header(pos, record::encode(pad_len, FLAG_PADDING));
+            pos = (pos + slot.pad) & (capacity - 1);
+        }
+        // At most half the capacity, so it fits in 32 bits.
+        let len32 = u32::try_from(slot.len).unwrap_or(u32::MAX);
+        self.ring
+            .store_record_header(pos, record::encode(len32, flags));
+        self.ring
+            .write_payload(pos + record::HEADER, parts, skip, slot.len as usize);
+        self.cursor.tail += slot.pad + record::size(slot.len);
+        let header = self.ring.header();
+        header
+            .producer
+            .tail
+            .store(self.cursor.tail, Ordering::Release);
+        // The publisher's half of the Dekker pair (see wait.rs).
+        fence(Ordering::SeqCst);
+        wait::wake(&header.consumer.reader_waiting, self.doorbell.as_ref())
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        // A doorbell, if set, is rung; without one the caller chose to ring
+        // it by hand and can no longer.
+        let _ = self.close();
+    }
+}
+
+/// Whether the reader closed or its process was declared dead.
+fn reader_gone(ring: &Ring) -> bool {
+    ring.header().consumer.closed.load(Ordering::Relaxed) != 0 || ring.peer_dead()
+}
+
+/// The producer's indices and the space arithmetic on them.
+#[derive(Debug)]
+struct Cursor {
+    /// Bytes ever published; the authoritative copy, only ever stored to
+    /// shared memory.
+    tail: u64,
+    /// The reader's head as last read and validated, so that its line is
+    /// read only when the cached value says the ring is too full.
+    head: u64,
+}
+
+impl Cursor {
+    /// Where a record of `len` bytes goes at the current tail.
+    fn place(&self, ring: &Ring, len: u64) -> Slot {
+        let capacity = ring.capacity();
+        let pos = self.tail & (capacity - 1);
+        let to_end = capacity - pos;
+        let pad = if record::size(len) <= to_end {
+            0
+        } else {
+            to_end
+        };
+        Slot { pos, pad, len }
+    }
+
+    /// Bytes of ring a record of `len` bytes takes at the current tail,
+    /// with the padding before it if it does not fit before the end.
+    fn space_needed(&self, ring: &Ring, len: u64) -> u64 {
+        self.place(ring, len).pad + record::size(len)
+    }
+
+    /// The reader's head at which a record of `len` bytes fits.
+    fn wake_at(&self, ring: &Ring, len: u64) -> u64 {
+        (self.tail + self.space_needed(ring, len)).saturating_sub(ring.capacity())
+    }
+
+    /// A slot for exactly `len` bytes, if it fits now.
+    fn reserve(&mut self, ring: &Ring, len: u64) -> Result<Option<Slot>, Corrupt> {
+        let need = self.space_needed(ring, len);
+        if self.tail + need - self.head > ring.capacity() {
+            self.refresh_head(ring)?;
+            if self.tail + need - self.head > ring.capacity() {
+                return Ok(None);
+            }
+        }
+        Ok(Some(self.place(ring, len)))
+    }
+
+    /// A slot for as much of `want` bytes as fits now (at least one byte),
+    /// either before the end of the data area or, after padding, at its
+    /// start, whichever holds more.
+    fn largest_fit(&mut self, ring: &Ring, want: u64) -> Result<Option<Slot>, Corrupt> {
+        if let Some(slot) = self.reserve(ring, want)? {
+            return Ok(Some(slot));
+        }
+        // `reserve` has just refreshed the head.
+        let capacity = ring.capacity();
+        let free = capacity - (self.tail - self.head);
+        let pos = self.tail & (capacity - 1);
+        let to_end = capacity - pos;
+        let straight = free.min(to_end);
+        let wrapped = free.saturating_sub(to_end);
+        let (pad, space) = if straight >= wrapped {
+            (0, straight)
+        } else {
+            (to_end, wrapped)
+        };
+        // A record of `space` bytes (a multiple of 8) holds `space - 8`
+        // payload bytes.
+        let len = space.saturating_sub(record::HEADER).min(want);
+        Ok((len > 0).then_some(Slot { pos, pad, len }))
+    }
+
+    /// Re-reads the reader's head, validated.
+    fn refresh_head(&mut self, ring: &Ring) -> Result<(), Corrupt> {
+        // Read once into a local.
+        let head = ring.header().consumer.head.load(Ordering::Acquire);
+        check_indices(head, self.tail, ring.capacity())?;
+        // Going backwards would hand out space the reader still reads.
+        if head < self.head {
+            return Err(Corrupt::Indices {
+                head,
+                tail: self.tail,
+                capacity: ring.capacity(),
+            });
+        }
+        self.head = head;
+        Ok(())
+    }
+}
+
+/// Checks a (head, tail) pair read from shared memory: head not past tail,
+/// at most a capacity apart, both on record boundaries.
+pub(crate) fn check_indices(head: u64, tail: u64, capacity: u64) -> Result<(), Corrupt> {
+    let aligned = head % record::ALIGN == 0 && tail % record::ALIGN == 0;
+    if aligned && head <= tail && tail - head <= capacity {
+        Ok(())
+    } else {
+        Err(Corrupt::Indices {
+            head,
+            tail,
+            capacity,
+        })
+    }
+}

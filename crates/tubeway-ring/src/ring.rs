@@ -1,0 +1,149 @@
+//! One ring as an end sees it: its header and raw access to its data area.
+//!
+//! Every access to a data area goes through here, each checked against the
+//! capacity (a failed check is a bug of this crate, never the peer's doing:
+//! positions are computed from our own index and validated lengths).
+
+use std::sync::Arc;
+
+use crate::layout::RingHeader;
+use crate::record;
+use crate::region::{Region, RingPlace, Side};
+
+/// A ring of a region, kept alive by its `Arc<Region>`.
+#[derive(Debug)]
+pub(crate) struct Ring {
+    region: Arc<Region>,
+    place: RingPlace,
+    /// The side whose end this is.
+    side: Side,
+}
+
+impl Ring {
+    pub(crate) fn new(region: Arc<Region>, place: RingPlace, side: Side) -> Ring {
+        Ring {
+            region,
+            place,
+            side,
+        }
+    }
+
+    /// The ring's header.
+    pub(crate) fn header(&self) -> &RingHeader {
+        // `self.region` keeps the mapping alive.
+        self.place.header()
+    }
+
+    /// Bytes of data area.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.place.capacity
+    }
+
+    /// The region.
+    pub(crate) fn region(&self) -> &Arc<Region> {
+        &self.region
+    }
+
+    /// The side whose end this is.
+    pub(crate) fn side(&self) -> Side {
+        self.side
+    }
+
+    /// Whether the peer of this end's side was declared dead.
+    pub(crate) fn peer_dead(&self) -> bool {
+        self.region.peer_dead(self.side)
+    }
+
+    /// A pointer to `len` bytes at `pos` of the data area.
+    fn at(&self, pos: u64, len: u64) -> *mut u8 {
+        assert!(
+            pos.checked_add(len)
+                .is_some_and(|end| end <= self.place.capacity),
+            "data access out of bounds: {pos}+{len} > {}",
+            self.place.capacity
+        );
+        // SAFETY: pos + len <= capacity (asserted), and the data area has
+        // capacity bytes inside the mapping, so the result is inside it.
+        unsafe { self.place.data.as_ptr().add(pos as usize) }
+    }
+
+    /// Reads the record header at `pos` (a multiple of 8) exactly once.
+    pub(crate) fn load_record_header(&self, pos: u64) -> u64 {
+        let ptr = self.at(pos, record::HEADER).cast::<u64>();
+        assert!(ptr.is_aligned(), "record header misaligned at {pos}");
+        load_word(ptr)
+    }
+
+    /// Writes the record header at `pos` (a multiple of 8).
+    pub(crate) fn store_record_header(&self, pos: u64, word: u64) {
+        let ptr = self.at(pos, record::HEADER).cast::<u64>();
+        assert!(ptr.is_aligned(), "record header misaligned at {pos}");
+        store_word(ptr, word);
+    }
+
+    /// Copies `len` bytes of the concatenated `parts`, from byte `skip` on,
+    /// to `pos` of the data area.
+    ///
+    /// The caller owns `[pos, pos + len)`: free space of the ring it
+    /// produces into.
+    pub(crate) fn write_payload(&self, pos: u64, parts: &[&[u8]], skip: usize, len: usize) {
+        let mut dst = self.at(pos, len as u64);
+        for chunk in crate::parts::chunks(parts, skip, len) {
+            // SAFETY: the chunks add up to `len` bytes, so every copy stays
+            // inside the `len` bytes checked by `at`; that space is free, so
+            // no reader looks at it; a slice of the caller's never overlaps
+            // the mapping's free space (the caller cannot hold a reference
+            // into space it does not own).
+            unsafe {
+                std::ptr::copy_nonoverlapping(chunk.as_ptr(), dst, chunk.len());
+                dst = dst.add(chunk.len());
+            }
+        }
+    }
+
+    /// The `len` payload bytes at `pos`, borrowed in place.
+    ///
+    /// The caller owns `[pos, pos + len)`: a published, unreleased record of
+    /// the ring it consumes.
+    pub(crate) fn payload(&self, pos: u64, len: u64) -> &[u8] {
+        let ptr = self.at(pos, len);
+        // SAFETY: inside the mapping (checked by `at`), which lives as long
+        // as `self.region`, so as long as the borrow of `self`. The bytes
+        // were published by the producer before the tail we acquired, and
+        // it will not write them until we release them: that is the
+        // protocol a correct peer keeps. A peer that breaks it changes bytes
+        // under this slice; see "Assumptions" in docs/shared-memory.md.
+        unsafe { std::slice::from_raw_parts(ptr, len as usize) }
+    }
+}
+
+/// Reads a record header word atomically, so that a concurrent write by the
+/// peer yields some value to validate rather than a torn or re-read one.
+#[cfg(not(loom))]
+fn load_word(ptr: *mut u64) -> u64 {
+    // SAFETY: aligned and inside the mapping (checked by the callers); this
+    // memory is only ever accessed by whole-word atomic operations or, as
+    // payload, after the head/tail handshake orders it.
+    unsafe { std::sync::atomic::AtomicU64::from_ptr(ptr) }
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[cfg(not(loom))]
+fn store_word(ptr: *mut u64, word: u64) {
+    // SAFETY: as in `load_word`.
+    unsafe { std::sync::atomic::AtomicU64::from_ptr(ptr) }
+        .store(word, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Loom does not model plain memory; its ordering comes from the indices.
+#[cfg(loom)]
+fn load_word(ptr: *mut u64) -> u64 {
+    // SAFETY: aligned and inside the mapping (checked by the callers).
+    unsafe { ptr.read_volatile() }
+}
+
+#[cfg(loom)]
+fn store_word(ptr: *mut u64, word: u64) {
+    // SAFETY: aligned and inside the mapping (checked by the callers).
+    unsafe { ptr.write_volatile(word) }
+}

@@ -1,0 +1,243 @@
+//! Records: parts, sizes, wrap-around, fullness, fragments.
+
+use std::time::{Duration, Instant};
+
+use super::{header, pair, pattern};
+use crate::record::{self, FLAG_PADDING};
+use crate::sync::Ordering;
+use crate::{ReadMessageError, TryWriteError, WaitStrategy, WriteSomeError};
+
+const WAIT: WaitStrategy = WaitStrategy::SpinPark {
+    spin: Duration::from_micros(10),
+};
+
+fn deadline() -> Option<Instant> {
+    Some(Instant::now() + Duration::from_secs(20))
+}
+
+#[test]
+fn a_record_is_its_parts_concatenated() {
+    let mut p = pair(4096);
+    let _ = p.tx.try_write(&[b"frame-head|", b"", b"payload"]).unwrap();
+    assert_eq!(p.read(), Some((b"frame-head|payload".to_vec(), true)));
+    assert_eq!(p.read(), None);
+}
+
+#[test]
+fn zero_length_records_take_a_header_each() {
+    let mut p = pair(256);
+    let _ = p.tx.try_write(&[]).unwrap();
+    let _ = p.tx.try_write(&[b""]).unwrap();
+    assert_eq!(p.tx.free(), 256 - 16);
+    assert_eq!(p.read(), Some((vec![], true)));
+    assert_eq!(p.read(), Some((vec![], true)));
+    assert_eq!(p.read(), None);
+    assert_eq!(p.tx.free(), 256);
+}
+
+#[test]
+fn exactly_full_then_one_byte_too_many() {
+    let mut p = pair(256);
+    assert_eq!(p.tx.max_record(), 120);
+    // 128 + 120 bytes of records: 8 left, room for one empty record only.
+    let _ = p.tx.try_write(&[&[1; 120]]).unwrap();
+    let _ = p.tx.try_write(&[&[2; 112]]).unwrap();
+    assert_eq!(p.tx.free(), 8);
+    // A byte needs 16 bytes, which do not fit before the end: 8 of padding
+    // too.
+    assert_eq!(
+        p.tx.try_write(&[&[3]]),
+        Err(TryWriteError::Full { need: 24 })
+    );
+    let _ = p.tx.try_write(&[]).unwrap();
+    assert_eq!(p.tx.free(), 0);
+    assert_eq!(p.tx.try_write(&[]), Err(TryWriteError::Full { need: 8 }));
+    assert_eq!(p.read(), Some((vec![1; 120], true)));
+    assert_eq!(p.tx.free(), 128);
+    let _ = p.tx.try_write(&[&[4; 100]]).unwrap();
+    assert_eq!(p.read(), Some((vec![2; 112], true)));
+    assert_eq!(p.read(), Some((vec![], true)));
+    assert_eq!(p.read(), Some((vec![4; 100], true)));
+}
+
+#[test]
+fn a_record_larger_than_the_largest_is_refused() {
+    let mut p = pair(256);
+    assert_eq!(
+        p.tx.try_write(&[&[0; 100], &[0; 21]]),
+        Err(TryWriteError::TooLarge { len: 121, max: 120 })
+    );
+    let _ = p.tx.try_write(&[&[0; 100], &[0; 20]]).unwrap();
+}
+
+#[test]
+fn a_record_that_does_not_fit_before_the_end_wraps_after_padding() {
+    let mut p = pair(256);
+    let _ = p.tx.try_write(&[&[1; 100]]).unwrap(); // [0, 112)
+    assert_eq!(p.read(), Some((vec![1; 100], true)));
+    let _ = p.tx.try_write(&[&[2; 120]]).unwrap(); // [112, 240)
+
+    // 16 bytes to the end: padding, then the record at 0; 144 needed but only
+    // 128 free until the reader catches up.
+    assert_eq!(
+        p.tx.try_write(&[&[3; 120]]),
+        Err(TryWriteError::Full { need: 144 })
+    );
+    assert_eq!(p.read(), Some((vec![2; 120], true)));
+    let _ = p.tx.try_write(&[&[3; 120]]).unwrap();
+    let raw = p.raw();
+    let (len, flags) = record::decode(raw.load_record_header(240));
+    assert_eq!((len, flags), (8, FLAG_PADDING));
+    assert_eq!(record::decode(raw.load_record_header(0)), (120, 0));
+    assert_eq!(
+        header(&raw).producer.tail.load(Ordering::Relaxed),
+        240 + 16 + 128
+    );
+    assert_eq!(p.read(), Some((vec![3; 120], true)));
+    assert_eq!(header(&raw).consumer.head.load(Ordering::Relaxed), 384);
+}
+
+#[test]
+fn the_largest_record_fits_an_empty_ring_wherever_its_head_is() {
+    let mut p = pair(256);
+    for step in 0..64 {
+        let big = pattern(step, p.tx.max_record());
+        let _ = p.tx.try_write(&[&big]).unwrap();
+        assert_eq!(p.read(), Some((big, true)));
+        // Move on by one record header.
+        let _ = p.tx.try_write(&[]).unwrap();
+        assert_eq!(p.read(), Some((vec![], true)));
+    }
+}
+
+#[test]
+fn random_sizes_survive_many_wraps() {
+    let mut p = pair(1024);
+    let max = p.tx.max_record() as u64;
+    let (mut written, mut read) = (0u64, 0u64);
+    let mut rng = 0x1234_5678_u64;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    while read < 5000 {
+        // Write until full, then read a random number of records.
+        loop {
+            let len = next(max + 1) as usize;
+            let data = pattern(written, len);
+            match p.tx.try_write(&[&data[..len / 2], &data[len / 2..]]) {
+                Ok(_) => written += 1,
+                Err(TryWriteError::Full { .. }) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        for _ in 0..=next(written - read) {
+            let Some((bytes, last)) = p.read() else { break };
+            assert!(last);
+            assert_eq!(bytes, pattern(read, bytes.len()), "record {read}");
+            read += 1;
+        }
+    }
+}
+
+#[test]
+fn write_some_writes_what_fits_as_one_record() {
+    let mut p = pair(256);
+    let data = pattern(7, 1000);
+    // Empty ring: the largest record.
+    assert_eq!(p.tx.write_some(&[&data]).unwrap().0, 120); // [0, 128)
+    let _ = p.tx.try_write(&[&[0; 40]]).unwrap(); // [128, 176)
+    assert_eq!(p.read(), Some((data[..120].to_vec(), true)));
+    // 80 bytes to the end, 128 free at the start after padding: the larger.
+    assert_eq!(p.tx.write_some(&[&data[..3], &data[3..]]).unwrap().0, 120);
+    assert_eq!(p.read(), Some((vec![0; 40], true)));
+    assert_eq!(p.read(), Some((data[..120].to_vec(), true)));
+    // Nothing to write writes nothing.
+    assert_eq!(p.tx.write_some(&[]).unwrap().0, 0);
+    assert_eq!(p.read(), None);
+}
+
+#[test]
+fn write_some_takes_the_stretch_before_the_end_when_larger() {
+    let mut p = pair(256);
+    let _ = p.tx.try_write(&[&[0; 24]]).unwrap(); // [0, 32)
+    let _ = p.tx.try_write(&[&[0; 56]]).unwrap(); // [32, 96)
+    assert_eq!(p.read().map(|r| r.0.len()), Some(24));
+    // Free: [96, 256) straight (160) and [0, 32) wrapped: straight wins,
+    // capped by the largest record.
+    assert_eq!(p.tx.write_some(&[&[1; 500]]).unwrap().0, 120); // [96, 224)
+                                                               // Free: [224, 256) straight (32), [0, 32) wrapped (32): straight.
+    assert_eq!(p.tx.write_some(&[&[2; 500]]).unwrap().0, 24); // [224, 256)
+    assert_eq!(p.tx.write_some(&[&[3; 500]]).unwrap().0, 24); // [0, 32)
+    assert_eq!(p.tx.write_some(&[&[4; 500]]), Err(WriteSomeError::Full));
+    assert_eq!(p.tx.free(), 0);
+}
+
+#[test]
+fn a_message_larger_than_a_record_is_fragmented_and_reassembled() {
+    let mut p = pair(1024);
+    let max = p.tx.max_record();
+    let message = pattern(3, 10 * max + 17);
+    let (head, body) = message.split_at(5);
+    std::thread::scope(|s| {
+        let tx = &mut p.tx;
+        s.spawn(move || {
+            let _ = tx.write_message(&[head, body], &WAIT, deadline()).unwrap();
+        });
+        let mut fragments = 0;
+        let mut out = Vec::new();
+        loop {
+            let record = p.rx.read(&WAIT, deadline()).unwrap();
+            assert!(record.len() <= max);
+            out.extend_from_slice(&record);
+            fragments += 1;
+            if record.is_last() {
+                break;
+            }
+        }
+        assert!(fragments >= 11, "{fragments} fragments");
+        assert_eq!(out, message);
+    });
+}
+
+#[test]
+fn read_message_reassembles_and_bounds_the_length() {
+    let mut p = pair(1024);
+    let big = pattern(9, 3000);
+    std::thread::scope(|s| {
+        let tx = &mut p.tx;
+        let big = &big;
+        s.spawn(move || {
+            let _ = tx.write_message(&[b"small"], &WAIT, deadline()).unwrap();
+            let _ = tx.write_message(&[big], &WAIT, deadline()).unwrap();
+            let _ = tx.write_message(&[big], &WAIT, deadline()).unwrap();
+        });
+        let mut out = Vec::new();
+        assert_eq!(p.rx.read_message(&mut out, 5, &WAIT, deadline()), Ok(5));
+        assert_eq!(out, b"small");
+        out.clear();
+        assert_eq!(
+            p.rx.read_message(&mut out, 3000, &WAIT, deadline()),
+            Ok(3000)
+        );
+        assert_eq!(&out, big);
+        out.clear();
+        assert_eq!(
+            p.rx.read_message(&mut out, 2999, &WAIT, deadline()),
+            Err(ReadMessageError::TooLarge { max: 2999 })
+        );
+        // Refused at its last fragment, which is released with the rest.
+        assert!(out.len() < 3000);
+    });
+}
+
+#[test]
+fn a_message_of_a_record_or_less_is_one_record() {
+    let mut p = pair(256);
+    let _ = p.tx.write_message(&[&[5; 120]], &WAIT, deadline()).unwrap();
+    assert_eq!(p.read(), Some((vec![5; 120], true)));
+    let _ = p.tx.write_message(&[], &WAIT, deadline()).unwrap();
+    assert_eq!(p.read(), Some((vec![], true)));
+}

@@ -1,0 +1,84 @@
+//! The waiting words: doorbell announcements and what publishing reports.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use super::pair;
+use crate::{Doorbell, Sleeper, Wake};
+
+#[test]
+fn a_reader_announces_a_doorbell_wait_only_on_an_empty_ring() {
+    let mut p = pair(4096);
+    assert!(p.rx.announce_doorbell_wait());
+    assert_eq!(p.tx.peer_waiting(), Some(Sleeper::Doorbell));
+    // The first write owes the doorbell, and clears the announcement so
+    // later writes do not ring again.
+    assert_eq!(p.tx.try_write(&[b"a"]), Ok(Wake::Doorbell));
+    assert_eq!(p.tx.peer_waiting(), None);
+    assert_eq!(p.tx.try_write(&[b"b"]), Ok(Wake::None));
+    // Records waiting: no announcement.
+    assert!(!p.rx.announce_doorbell_wait());
+    assert_eq!(p.tx.peer_waiting(), None);
+    assert_eq!(p.read().map(|r| r.0), Some(b"a".to_vec()));
+    assert_eq!(p.read().map(|r| r.0), Some(b"b".to_vec()));
+    // Announce, then withdraw: nobody to wake.
+    assert!(p.rx.announce_doorbell_wait());
+    p.rx.withdraw_wait();
+    assert_eq!(p.tx.try_write(&[b"c"]), Ok(Wake::None));
+}
+
+#[test]
+fn a_doorbell_set_on_the_end_is_rung_for_it() {
+    let mut p = pair(4096);
+    let rung = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&rung);
+    p.tx.set_doorbell(Some(Doorbell::new(move || {
+        count.fetch_add(1, Ordering::Relaxed);
+    })));
+    assert!(p.rx.announce_doorbell_wait());
+    assert_eq!(p.tx.try_write(&[b"a"]), Ok(Wake::DoorbellRung));
+    assert_eq!(p.tx.try_write(&[b"b"]), Ok(Wake::None));
+    assert_eq!(rung.load(Ordering::Relaxed), 1);
+    // Closing wakes a sleeping reader too.
+    let _ = p.read();
+    let _ = p.read();
+    assert!(p.rx.announce_doorbell_wait());
+    assert_eq!(p.tx.close(), Wake::DoorbellRung);
+    assert_eq!(rung.load(Ordering::Relaxed), 2);
+    // A closed ring is never worth sleeping on.
+    assert!(!p.rx.announce_doorbell_wait());
+}
+
+#[test]
+fn a_writer_waiting_for_space_is_woken_once_its_record_fits() {
+    let mut p = pair(256);
+    for _ in 0..4 {
+        let _ = p.tx.try_write(&[&[0; 56]]).unwrap(); // 64 bytes each
+    }
+    // Full: a record of 120 bytes needs two records released.
+    assert!(p.tx.announce_doorbell_wait(120));
+    assert_eq!(p.rx.peer_waiting(), Some(Sleeper::Doorbell));
+    let record = p.rx.try_read().unwrap().unwrap();
+    assert_eq!(record.release(), Wake::None);
+    assert_eq!(p.rx.peer_waiting(), Some(Sleeper::Doorbell));
+    let record = p.rx.try_read().unwrap().unwrap();
+    assert_eq!(record.release(), Wake::Doorbell);
+    assert_eq!(p.rx.peer_waiting(), None);
+    // It fits now: no announcement.
+    assert!(!p.tx.announce_doorbell_wait(120));
+    let _ = p.tx.try_write(&[&[0; 120]]).unwrap();
+    // A closing reader wakes a writer whatever it waits for.
+    assert!(p.tx.announce_doorbell_wait(120));
+    assert_eq!(p.rx.close(), Wake::Doorbell);
+    assert!(!p.tx.announce_doorbell_wait(120));
+}
+
+#[test]
+fn wakes_combine_with_the_one_needing_action_first() {
+    assert_eq!(Wake::None.and(Wake::Futex), Wake::Futex);
+    assert_eq!(Wake::Futex.and(Wake::Doorbell), Wake::Doorbell);
+    assert_eq!(Wake::Doorbell.and(Wake::None), Wake::Doorbell);
+    assert_eq!(Wake::DoorbellRung.and(Wake::None), Wake::DoorbellRung);
+    assert!(Wake::Doorbell.must_ring());
+    assert!(!Wake::DoorbellRung.must_ring());
+}
