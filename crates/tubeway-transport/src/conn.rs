@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
 use crate::mem::{self, MemListener};
+use crate::shm::{self, ShmListener};
 use crate::stream::{self, ReadHalf, WriteHalf};
 use crate::{Url, WaitStrategy};
 
@@ -44,6 +45,20 @@ impl Connection {
         })
     }
 
+    fn shm(halves: (shm::ShmReader, shm::ShmWriter), peer: String) -> Self {
+        let (reader, writer) = stream::shm(halves);
+        Connection {
+            reader,
+            writer,
+            peer,
+            // Spin about as long as a wake-up costs, then sleep: a peer that
+            // answers within that never pays for a wake-up.
+            default_wait: WaitStrategy::SpinPark {
+                spin: crate::wait::DEFAULT_SPIN,
+            },
+        }
+    }
+
     fn unix(s: UnixStream, peer: String) -> Self {
         let (reader, writer) = stream::unix(s);
         Connection {
@@ -66,7 +81,55 @@ pub async fn connect(url: &Url) -> io::Result<Connection> {
             url.to_string(),
         )),
         Url::Mem(name) => Ok(Connection::unix(mem::connect(name).await?, url.to_string())),
+        Url::Shm { name, ring } => {
+            let halves = shm::connect(name, ring.unwrap_or(0)).await?;
+            Ok(Connection::shm(halves, url.to_string()))
+        }
+        Url::Fifo(_) => Err(fifo_is_for_channels(url)),
     }
+}
+
+fn fifo_is_for_channels(url: &Url) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!("{url}: named pipes carry point-to-point channels only (tubeway::channel)"),
+    )
+}
+
+/// [`bind_unix`] for blocking code.
+pub(crate) fn bind_unix_blocking(
+    path: &std::path::Path,
+) -> io::Result<std::os::unix::net::UnixListener> {
+    if path.exists() {
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{} is in use by a live server", path.display()),
+                ))
+            }
+            Err(_) => std::fs::remove_file(path)?,
+        }
+    }
+    std::os::unix::net::UnixListener::bind(path)
+}
+
+/// Binds a Unix socket at `path`, replacing a stale socket file left by a
+/// dead process; a live one is an error.
+pub(crate) async fn bind_unix(path: &std::path::Path) -> io::Result<UnixListener> {
+    if path.exists() {
+        match UnixStream::connect(path).await {
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{} is in use by a live server", path.display()),
+                ))
+            }
+            // Nobody listens: a stale file from a process that died.
+            Err(_) => std::fs::remove_file(path)?,
+        }
+    }
+    UnixListener::bind(path)
 }
 
 #[derive(Debug)]
@@ -77,6 +140,7 @@ enum Inner {
         path: PathBuf,
     },
     Mem(MemListener),
+    Shm(ShmListener),
 }
 
 /// Accepts connections on one address.
@@ -102,19 +166,7 @@ impl Listener {
                 (Inner::Tcp(l), url)
             }
             Url::Unix(path) => {
-                if path.exists() {
-                    match UnixStream::connect(path).await {
-                        Ok(_) => {
-                            return Err(io::Error::new(
-                                io::ErrorKind::AddrInUse,
-                                format!("{} is in use by a live server", path.display()),
-                            ))
-                        }
-                        // Nobody listens: a stale file from a process that died.
-                        Err(_) => std::fs::remove_file(path)?,
-                    }
-                }
-                let listener = UnixListener::bind(path)?;
+                let listener = bind_unix(path).await?;
                 (
                     Inner::Unix {
                         listener,
@@ -124,6 +176,14 @@ impl Listener {
                 )
             }
             Url::Mem(name) => (Inner::Mem(MemListener::bind(name)?), url.clone()),
+            Url::Fifo(_) => return Err(fifo_is_for_channels(url)),
+            Url::Shm { name, .. } => (
+                Inner::Shm(ShmListener::bind(name).await?),
+                Url::Shm {
+                    name: name.clone(),
+                    ring: None,
+                },
+            ),
         };
         Ok(Listener { inner, url })
     }
@@ -142,6 +202,7 @@ impl Listener {
                 Ok(Connection::unix(s, format!("unix://{}", path.display())))
             }
             Inner::Mem(l) => Ok(Connection::unix(l.accept().await?, self.url.to_string())),
+            Inner::Shm(l) => Ok(Connection::shm(l.accept().await?, self.url.to_string())),
         }
     }
 }

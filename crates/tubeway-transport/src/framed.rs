@@ -614,6 +614,29 @@ mod tests {
         exchange("mem://framed-test", WaitStrategy::PARK).await;
     }
 
+    fn shm_url(tag: &str) -> String {
+        format!("shm://tw-{tag}-{}", std::process::id())
+    }
+
+    #[tokio::test]
+    async fn frames_over_shm() {
+        exchange(&shm_url("park"), WaitStrategy::PARK).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn frames_over_shm_spinning_and_tiny_rings() {
+        // 64-byte rings: every frame streams through in many pieces.
+        let url = format!("{}?ring=64", shm_url("tiny"));
+        exchange(&url, WaitStrategy::BusySpin).await;
+        exchange(
+            &shm_url("spinpark"),
+            WaitStrategy::SpinPark {
+                spin: std::time::Duration::from_micros(30),
+            },
+        )
+        .await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn spinning_readers_get_every_frame() {
         exchange("mem://framed-spin", WaitStrategy::BusySpin).await;

@@ -14,6 +14,8 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
+use crate::shm::{ShmReader, ShmWriter};
+
 #[derive(Debug, Clone)]
 enum Socket {
     Tcp(Arc<TcpStream>),
@@ -22,7 +24,37 @@ enum Socket {
 
 /// Splits a socket into its halves; both share the socket.
 fn halves(s: Socket) -> (ReadHalf, WriteHalf) {
-    (ReadHalf { socket: s.clone() }, WriteHalf { socket: s })
+    (
+        ReadHalf {
+            inner: ReadInner::Socket(s.clone()),
+        },
+        WriteHalf {
+            inner: WriteInner::Socket(s),
+        },
+    )
+}
+
+pub(crate) fn shm((r, w): (ShmReader, ShmWriter)) -> (ReadHalf, WriteHalf) {
+    (
+        ReadHalf {
+            inner: ReadInner::Shm(Box::new(r)),
+        },
+        WriteHalf {
+            inner: WriteInner::Shm(w),
+        },
+    )
+}
+
+#[derive(Debug)]
+enum ReadInner {
+    Socket(Socket),
+    Shm(Box<ShmReader>),
+}
+
+#[derive(Debug)]
+enum WriteInner {
+    Socket(Socket),
+    Shm(ShmWriter),
 }
 
 pub(crate) fn tcp(s: TcpStream) -> (ReadHalf, WriteHalf) {
@@ -39,39 +71,46 @@ pub(crate) fn unix(s: UnixStream) -> (ReadHalf, WriteHalf) {
 /// operations underneath to poll according to a [`crate::WaitStrategy`].
 #[derive(Debug)]
 pub struct ReadHalf {
-    socket: Socket,
+    inner: ReadInner,
 }
 
 impl ReadHalf {
     /// Reads what is available now into `buf`'s spare capacity, without
     /// waiting: `WouldBlock` when nothing is; `Ok(0)` at end of stream.
     pub fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-        match &self.socket {
-            Socket::Tcp(s) => s.try_read_buf(buf),
-            Socket::Unix(s) => s.try_read_buf(buf),
+        match &mut self.inner {
+            ReadInner::Socket(Socket::Tcp(s)) => s.try_read_buf(buf),
+            ReadInner::Socket(Socket::Unix(s)) => s.try_read_buf(buf),
+            ReadInner::Shm(r) => r.try_read_buf(buf),
         }
     }
 
     /// Waits until the stream may be readable, registering `cx` to be woken.
-    pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &self.socket {
-            Socket::Tcp(s) => s.poll_read_ready(cx),
-            Socket::Unix(s) => s.poll_read_ready(cx),
+    pub fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.inner {
+            ReadInner::Socket(Socket::Tcp(s)) => s.poll_read_ready(cx),
+            ReadInner::Socket(Socket::Unix(s)) => s.poll_read_ready(cx),
+            ReadInner::Shm(r) => r.poll_read_ready(cx),
         }
     }
 }
 
 impl AsyncRead for ReadHalf {
     fn poll_read(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         loop {
             ready!(self.poll_read_ready(cx))?;
-            let r = match &self.socket {
-                Socket::Tcp(s) => s.try_read(buf.initialize_unfilled()),
-                Socket::Unix(s) => s.try_read(buf.initialize_unfilled()),
+            let r = match &mut self.inner {
+                ReadInner::Socket(Socket::Tcp(s)) => s.try_read(buf.initialize_unfilled()),
+                ReadInner::Socket(Socket::Unix(s)) => s.try_read(buf.initialize_unfilled()),
+                ReadInner::Shm(r) => {
+                    // Bounded by what `buf` has room for.
+                    let mut b = BytesMut::with_capacity(buf.remaining());
+                    r.try_read_buf(&mut b).inspect(|_| buf.put_slice(&b))
+                }
             };
             match r {
                 Ok(n) => {
@@ -94,32 +133,42 @@ impl AsyncRead for ReadHalf {
 /// plain byte-stream use.
 #[derive(Debug)]
 pub struct WriteHalf {
-    socket: Socket,
+    inner: WriteInner,
 }
 
 impl WriteHalf {
     /// Writes what fits now, without waiting: `WouldBlock` when nothing does.
     pub fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        match &self.socket {
-            Socket::Tcp(s) => s.try_write_vectored(bufs),
-            Socket::Unix(s) => s.try_write_vectored(bufs),
+        match &self.inner {
+            WriteInner::Socket(Socket::Tcp(s)) => s.try_write_vectored(bufs),
+            WriteInner::Socket(Socket::Unix(s)) => s.try_write_vectored(bufs),
+            WriteInner::Shm(w) => w.try_write_vectored(bufs),
         }
     }
 
     /// Waits until the stream may be writable, registering `cx` to be woken.
     pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &self.socket {
-            Socket::Tcp(s) => s.poll_write_ready(cx),
-            Socket::Unix(s) => s.poll_write_ready(cx),
+        match &self.inner {
+            WriteInner::Socket(Socket::Tcp(s)) => s.poll_write_ready(cx),
+            WriteInner::Socket(Socket::Unix(s)) => s.poll_write_ready(cx),
+            WriteInner::Shm(w) => w.poll_write_ready(cx),
         }
     }
 
     /// Ends the write direction: the peer reads end of stream once it has
     /// read everything written before.
     pub fn shutdown(&self) -> io::Result<()> {
-        let r = match &self.socket {
-            Socket::Tcp(s) => rustix::net::shutdown(&**s, rustix::net::Shutdown::Write),
-            Socket::Unix(s) => rustix::net::shutdown(&**s, rustix::net::Shutdown::Write),
+        let r = match &self.inner {
+            WriteInner::Socket(Socket::Tcp(s)) => {
+                rustix::net::shutdown(&**s, rustix::net::Shutdown::Write)
+            }
+            WriteInner::Socket(Socket::Unix(s)) => {
+                rustix::net::shutdown(&**s, rustix::net::Shutdown::Write)
+            }
+            WriteInner::Shm(w) => {
+                w.shutdown();
+                Ok(())
+            }
         };
         match r {
             // The peer is gone already: the stream is as shut as it gets.

@@ -17,6 +17,20 @@ pub enum Url {
     Unix(PathBuf),
     /// `mem://name`: in-process, for embedding and tests.
     Mem(String),
+    /// `fifo:///path`: a pair of named pipes, `PATH.up` and `PATH.down`;
+    /// for point-to-point channels only.
+    Fifo(PathBuf),
+    /// `shm://name[?ring=SIZE]`: shared memory between processes of one
+    /// machine. `name` is a plain name (a socket in the user's private
+    /// directory) or an absolute socket path (`shm:///run/app/bus.sock`);
+    /// `ring` asks for rings of that many bytes per direction (rounded up to
+    /// a power of two, at most 64 MiB; default 1 MiB).
+    Shm {
+        /// The name, or an absolute socket path.
+        name: String,
+        /// Ring bytes per direction asked for; `None` takes the listener's default.
+        ring: Option<usize>,
+    },
 }
 
 /// Why a URL was refused.
@@ -24,10 +38,12 @@ pub enum Url {
 #[non_exhaustive]
 pub enum UrlError {
     /// No `scheme://`.
-    #[error("{0:?} is not a URL; expected tcp://host:port, unix:///path or mem://name")]
+    #[error(
+        "{0:?} is not a URL; expected tcp://host:port, unix:///path, shm://name or mem://name"
+    )]
     NoScheme(String),
     /// A scheme this build does not know.
-    #[error("unknown scheme {0:?}; expected tcp, unix or mem")]
+    #[error("unknown scheme {0:?}; expected tcp, unix, shm, mem or fifo")]
     UnknownScheme(String),
     /// The address part is malformed.
     #[error("bad address in {url:?}: {reason}")]
@@ -81,6 +97,13 @@ impl FromStr for Url {
                 }
                 Ok(Url::Mem(rest.to_owned()))
             }
+            "shm" => parse_shm(rest).map_err(bad),
+            "fifo" => {
+                if rest.is_empty() {
+                    return Err(bad("missing path"));
+                }
+                Ok(Url::Fifo(PathBuf::from(rest)))
+            }
             other => Err(UrlError::UnknownScheme(other.to_owned())),
         }
     }
@@ -93,8 +116,58 @@ impl fmt::Display for Url {
             Url::Tcp { host, port } => write!(f, "tcp://{host}:{port}"),
             Url::Unix(p) => write!(f, "unix://{}", p.display()),
             Url::Mem(n) => write!(f, "mem://{n}"),
+            Url::Fifo(p) => write!(f, "fifo://{}", p.display()),
+            Url::Shm { name, ring: None } => write!(f, "shm://{name}"),
+            Url::Shm {
+                name,
+                ring: Some(r),
+            } => write!(f, "shm://{name}?ring={r}"),
         }
     }
+}
+
+/// Longest plain shm name (a socket path must fit in about 100 bytes).
+const MAX_SHM_NAME: usize = 64;
+
+fn parse_shm(rest: &str) -> Result<Url, &'static str> {
+    let (name, query) = match rest.split_once('?') {
+        Some((n, q)) => (n, Some(q)),
+        None => (rest, None),
+    };
+    if name.is_empty() {
+        return Err("missing name");
+    }
+    if name.starts_with('/') {
+        if name.contains('\0') {
+            return Err("a socket path cannot contain NUL");
+        }
+    } else if name.len() > MAX_SHM_NAME
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        || name.starts_with('.')
+    {
+        return Err("a shm name is 1-64 of A-Z a-z 0-9 . _ - (not starting with .), or an absolute socket path");
+    }
+    let mut ring = None;
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        match pair.split_once('=') {
+            Some(("ring", v)) => {
+                let size: bytesize::ByteSize =
+                    v.parse().map_err(|_| "ring= takes a size like 4MiB")?;
+                ring = Some(usize::try_from(size.as_u64()).map_err(|_| "ring size too large")?);
+            }
+            _ => return Err("unknown shm option; the one option is ring=SIZE"),
+        }
+    }
+    Ok(Url::Shm {
+        name: name.to_owned(),
+        ring,
+    })
 }
 
 #[cfg(test)]
@@ -110,6 +183,10 @@ mod tests {
             "tcp://localhost:0",
             "unix:///tmp/a.sock",
             "mem://x",
+            "shm://bus",
+            "shm:///run/app/bus.sock",
+            "shm://bus?ring=4194304",
+            "fifo:///tmp/pipe",
         ] {
             assert_eq!(s.parse::<Url>().unwrap().to_string(), s);
         }
@@ -129,5 +206,25 @@ mod tests {
             "tcp://h:99999".parse::<Url>(),
             Err(UrlError::BadAddress { .. })
         ));
+        assert_eq!(
+            "shm://bus?ring=4MiB".parse::<Url>().unwrap(),
+            Url::Shm {
+                name: "bus".into(),
+                ring: Some(4 << 20)
+            }
+        );
+        for bad in [
+            "shm://",
+            "shm://a/b",
+            "shm://../x",
+            "shm://.hidden",
+            "shm://bus?ring=lots",
+            "shm://bus?size=1",
+        ] {
+            assert!(
+                matches!(bad.parse::<Url>(), Err(UrlError::BadAddress { .. })),
+                "{bad}"
+            );
+        }
     }
 }

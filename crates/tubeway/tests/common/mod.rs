@@ -2,7 +2,7 @@
 //!
 //! Every broker test is an `async fn name(h: &Harness)` listed in
 //! [`transport_tests!`], which generates one test per transport (`tcp::name`,
-//! `unix::name`, `mem::name`, and `tcp_spin::name`: tcp in latency mode, where
+//! `unix::name`, `mem::name`, `shm::name`, and `tcp_spin::name`: tcp in latency mode, where
 //! every connection's reader on both sides polls before it sleeps and the
 //! broker serves each connection on a thread of its own). Each test gets an embedded broker of its own,
 //! started on the test's runtime and shut down when the body returns, and the
@@ -31,6 +31,8 @@ pub enum Transport {
     Mem,
     /// tcp in latency mode.
     TcpSpin,
+    /// Shared memory, with the transport's default wait (spin, then sleep).
+    Shm,
 }
 
 /// How readers wait in latency mode. Spin then park, not busy-spin: tests
@@ -77,13 +79,25 @@ impl Harness {
             Transport::Mem => format!("mem://tw-test-{}", unique_suffix())
                 .parse()
                 .unwrap(),
+            // Small rings, so large messages stream through them in pieces.
+            Transport::Shm => format!("shm://tw-test-{}?ring=64KiB", unique_suffix())
+                .parse()
+                .unwrap(),
         };
         let bound = within(STEP, broker.listen(&listen))
             .await
             .expect("the broker listens");
+        let url = match (&bound, &listen) {
+            // The ring size is the connector's request.
+            (tubeway::Url::Shm { name, .. }, tubeway::Url::Shm { ring, .. }) => tubeway::Url::Shm {
+                name: name.clone(),
+                ring: *ring,
+            },
+            _ => bound,
+        };
         Harness {
             broker,
-            url: bound.to_string(),
+            url: url.to_string(),
             transport,
             unix_path,
         }
@@ -223,7 +237,7 @@ pub fn default_config() -> BrokerConfig {
 }
 
 /// Generates, for each `async fn name(h: &Harness)` listed, one test per
-/// transport: `tcp::name`, `unix::name`, `mem::name`, `tcp_spin::name`. `name with config`
+/// transport: `tcp::name`, `unix::name`, `mem::name`, `shm::name`, `tcp_spin::name`. `name with config`
 /// starts the broker with `config` instead of the default; attributes before
 /// a name (`#[ignore = "..."]`) go on its generated tests.
 #[macro_export]
@@ -246,6 +260,12 @@ macro_rules! transport_tests {
             #[allow(unused_imports)]
             use super::*;
             $crate::transport_tests!(@each Mem; $($(#[$attr])* $name $(with $cfg)?),*);
+        }
+        mod shm {
+            // The configuration expressions name items of the test file.
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::transport_tests!(@each Shm; $($(#[$attr])* $name $(with $cfg)?),*);
         }
         mod tcp_spin {
             // The configuration expressions name items of the test file.

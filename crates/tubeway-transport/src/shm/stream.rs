@@ -1,0 +1,239 @@
+//! The two halves of a shared-memory connection, as a byte stream.
+//!
+//! Each direction is a ring in the shared region. The writer copies what
+//! it is given into the ring as one record per write; the reader copies
+//! records out into its buffer, a record at a time or part of one. Neither
+//! makes a system call while the other keeps up; sleeping and waking go
+//! through the doorbell (see `bell.rs`).
+
+use std::io::{self, IoSlice};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+
+use bytes::BytesMut;
+use tubeway_ring::{Consumer, Doorbell, Producer, Region, Side, TryReadError, WriteSomeError};
+
+use super::bell::{Bell, Readable};
+
+/// Polls of an empty ring between two looks at the socket for a hang-up,
+/// for readers that spin and never sleep on it.
+const HANG_UP_CHECK_EVERY: u32 = 4096;
+/// Slices handed to one record; the rest waits for the next write.
+const MAX_PARTS: usize = 16;
+
+/// Builds both halves of one side of a connection.
+pub(crate) fn halves(
+    sock: tokio::net::UnixStream,
+    region: Arc<Region>,
+    side: Side,
+) -> io::Result<(ShmReader, ShmWriter)> {
+    let bell = Bell::new(sock, region.clone(), side);
+    let (mut tx, mut rx) = region.ends(side).map_err(io::Error::other)?;
+    let b = bell.clone();
+    tx.set_doorbell(Some(Doorbell::new(move || b.ring())));
+    let b = bell.clone();
+    rx.set_doorbell(Some(Doorbell::new(move || b.ring())));
+    let reader = ShmReader {
+        rx,
+        offset: 0,
+        bell: bell.clone(),
+        readable: None,
+        announced: false,
+        idle_polls: 0,
+    };
+    let writer = ShmWriter {
+        inner: Mutex::new(WriterInner {
+            tx,
+            readable: None,
+            announced: false,
+        }),
+        bell,
+    };
+    Ok((reader, writer))
+}
+
+fn corrupt(e: impl std::error::Error + Send + Sync + 'static) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+/// The reading half.
+pub(crate) struct ShmReader {
+    rx: Consumer,
+    /// Bytes of the head record already handed out; it stays in the ring
+    /// (unreleased) until all of it has been.
+    offset: usize,
+    bell: Arc<Bell>,
+    readable: Option<Readable>,
+    /// Announced as sleeping on the doorbell; withdrawn before the next
+    /// read, so a reader that spins again does not make the peer ring.
+    announced: bool,
+    idle_polls: u32,
+}
+
+impl std::fmt::Debug for ShmReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmReader")
+            .field("offset", &self.offset)
+            .field("announced", &self.announced)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ShmReader {
+    /// Copies what the ring holds into `buf`'s spare capacity; `WouldBlock`
+    /// when it holds nothing, `Ok(0)` once the peer closed or died and
+    /// everything it wrote has been read.
+    pub(crate) fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        if self.announced {
+            self.rx.withdraw_wait();
+            self.announced = false;
+        }
+        let mut total = 0;
+        loop {
+            let spare = buf.capacity() - buf.len();
+            if spare == 0 {
+                break;
+            }
+            match self.rx.try_read() {
+                Ok(Some(record)) => {
+                    let bytes = record.bytes();
+                    let rest = bytes.get(self.offset..).unwrap_or_default();
+                    let n = rest.len().min(spare);
+                    buf.extend_from_slice(rest.get(..n).unwrap_or_default());
+                    total += n;
+                    if n == rest.len() {
+                        self.offset = 0;
+                        // Dropping releases it (ringing the writer if it sleeps).
+                        drop(record);
+                    } else {
+                        self.offset += n;
+                        // Kept for the next read: the writer must not reuse it yet.
+                        std::mem::forget(record);
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(TryReadError::Closed) if total == 0 => return Ok(0),
+                Err(TryReadError::Closed) => break,
+                Err(e) => return Err(corrupt(e)),
+            }
+        }
+        if total > 0 {
+            self.idle_polls = 0;
+            return Ok(total);
+        }
+        self.idle_polls = self.idle_polls.wrapping_add(1);
+        if self.idle_polls % HANG_UP_CHECK_EVERY == 0 {
+            // Marks the rings closed if the peer is gone; the next read sees it.
+            self.bell.drain();
+        }
+        Err(io::ErrorKind::WouldBlock.into())
+    }
+
+    /// Sleeps on the doorbell until the ring may have something.
+    pub(crate) fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            // Registered first, so a ring after the announcement is never missed.
+            if self.bell.poll_readable(&mut self.readable, cx).is_ready() {
+                self.bell.drain();
+                if self.announced {
+                    self.rx.withdraw_wait();
+                    self.announced = false;
+                    return Poll::Ready(Ok(()));
+                }
+                if self.bell.hung_up() {
+                    // A hung-up socket stays readable: the ring, now marked
+                    // closed, tells the rest.
+                    return Poll::Ready(Ok(()));
+                }
+                continue;
+            }
+            if self.bell.hung_up() || !self.rx.announce_doorbell_wait() {
+                return Poll::Ready(Ok(()));
+            }
+            self.announced = true;
+            return Poll::Pending;
+        }
+    }
+}
+
+/// The writing half; `&self` everywhere, as the frame writer shares it.
+pub(crate) struct ShmWriter {
+    inner: Mutex<WriterInner>,
+    bell: Arc<Bell>,
+}
+
+struct WriterInner {
+    tx: Producer,
+    readable: Option<Readable>,
+    announced: bool,
+}
+
+impl std::fmt::Debug for ShmWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmWriter").finish_non_exhaustive()
+    }
+}
+
+impl ShmWriter {
+    fn lock(&self) -> MutexGuard<'_, WriterInner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Writes what fits now as one record; `WouldBlock` when nothing does.
+    pub(crate) fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        let mut w = self.lock();
+        if w.announced {
+            w.tx.withdraw_wait();
+            w.announced = false;
+        }
+        let mut parts: [&[u8]; MAX_PARTS] = [&[]; MAX_PARTS];
+        let mut k = 0;
+        for (slot, b) in parts.iter_mut().zip(bufs) {
+            *slot = b;
+            k += 1;
+        }
+        match w.tx.write_some(parts.get(..k).unwrap_or_default()) {
+            // The doorbell, if the reader sleeps on it, was rung by the ring.
+            Ok((n, _)) => Ok(n),
+            Err(WriteSomeError::Full) => Err(io::ErrorKind::WouldBlock.into()),
+            Err(WriteSomeError::Closed) => Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the shared-memory peer closed or died",
+            )),
+            Err(e) => Err(corrupt(e)),
+        }
+    }
+
+    /// Sleeps on the doorbell until a quarter of the largest record fits.
+    pub(crate) fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut w = self.lock();
+        let w = &mut *w;
+        loop {
+            if self.bell.poll_readable(&mut w.readable, cx).is_ready() {
+                self.bell.drain();
+                if w.announced {
+                    w.tx.withdraw_wait();
+                    w.announced = false;
+                    return Poll::Ready(Ok(()));
+                }
+                if self.bell.hung_up() {
+                    return Poll::Ready(Ok(()));
+                }
+                continue;
+            }
+            let need = (w.tx.max_record() / 4).max(1);
+            if self.bell.hung_up() || !w.tx.announce_doorbell_wait(need) {
+                return Poll::Ready(Ok(()));
+            }
+            w.announced = true;
+            return Poll::Pending;
+        }
+    }
+
+    /// Closes this direction: the peer reads what was written, then the end.
+    pub(crate) fn shutdown(&self) {
+        // The ring wakes the reader itself if it sleeps.
+        let _ = self.lock().tx.close();
+    }
+}
