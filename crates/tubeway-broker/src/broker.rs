@@ -552,9 +552,7 @@ fn serve(inner: &Arc<Inner>, conn: Connection) {
             .spawn(crate::session::run(inner.clone(), conn, wait));
         return;
     }
-    let session = inner
-        .tracker
-        .track_future(crate::session::run(inner.clone(), conn, wait));
+    let (inner, tracker) = (inner.clone(), inner.tracker.clone());
     let spawned = std::thread::Builder::new()
         .name("tubeway-session".into())
         .spawn(move || {
@@ -568,15 +566,23 @@ fn serve(inner: &Arc<Inner>, conn: Connection) {
                     return;
                 }
             };
-            rt.block_on(async {
-                session.await;
+            rt.block_on(tracker.track_future(async move {
+                // Its wake-ups must come from this thread's reactor.
+                let conn = match conn.reregister() {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot move a connection to its thread; dropped");
+                        return;
+                    }
+                };
+                crate::session::run(inner, conn, wait).await;
                 // Requests of this connection still running (oneway calls,
                 // say) finish here rather than being dropped with the runtime.
                 let handle = tokio::runtime::Handle::current();
                 while handle.metrics().num_alive_tasks() > 0 {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-            });
+            }));
         });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot start a session thread; connection dropped");

@@ -30,6 +30,19 @@ impl std::fmt::Debug for Connection {
 }
 
 impl Connection {
+    /// Registers the connection with the reactor of the runtime this is
+    /// called in, instead of the one that accepted it: for a connection
+    /// served on a thread (and runtime) of its own, so that its wake-ups do
+    /// not take a hop through the accepting runtime.
+    pub fn reregister(self) -> io::Result<Connection> {
+        let (reader, writer) = crate::stream::reregister(self.reader, self.writer)?;
+        Ok(Connection {
+            reader,
+            writer,
+            ..self
+        })
+    }
+
     fn tcp(s: TcpStream) -> io::Result<Self> {
         // Request/reply latency matters more than packet count.
         s.set_nodelay(true)?;

@@ -113,9 +113,13 @@ impl FrameReader {
     /// Reads more bytes into the buffer, waiting by the strategy.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         loop {
-            match self.try_fill() {
-                Poll::Ready(r) => return Poll::Ready(r),
-                Poll::Pending => {}
+            let read = if self.wait.spins() && !self.spin.parked {
+                self.try_fill_now()
+            } else {
+                self.try_fill()
+            };
+            if let Poll::Ready(r) = read {
+                return Poll::Ready(r);
             }
             if !self.wait.spins() || self.spin.parked {
                 // Readiness may be stale; tokio clears it on WouldBlock, so
@@ -132,7 +136,7 @@ impl FrameReader {
             let slice_end = Instant::now() + SPIN_SLICE;
             loop {
                 std::hint::spin_loop();
-                if let Poll::Ready(r) = self.try_fill() {
+                if let Poll::Ready(r) = self.try_fill_now() {
                     return Poll::Ready(r);
                 }
                 let now = Instant::now();
@@ -156,9 +160,21 @@ impl FrameReader {
         }
     }
 
-    /// One non-blocking read; `Pending` when nothing is there.
+    /// One non-blocking read as far as the reactor knows; `Pending` when
+    /// nothing is there.
     fn try_fill(&mut self) -> Poll<io::Result<usize>> {
-        match self.reader.try_read_buf(&mut self.buf) {
+        let r = self.reader.try_read_buf(&mut self.buf);
+        self.filled(r)
+    }
+
+    /// One non-blocking read straight from the kernel, for spinning.
+    fn try_fill_now(&mut self) -> Poll<io::Result<usize>> {
+        let r = self.reader.try_read_now(&mut self.buf);
+        self.filled(r)
+    }
+
+    fn filled(&mut self, r: io::Result<usize>) -> Poll<io::Result<usize>> {
+        match r {
             Ok(n) => {
                 self.spin = Spin::default();
                 Poll::Ready(Ok(n))
@@ -523,14 +539,9 @@ fn poll_write_some(
             break;
         }
     }
-    let slices = slices.get(..n).unwrap_or_default();
-    loop {
-        match shared.io.try_write_vectored(slices) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            r => return Poll::Ready(r),
-        }
-        ready!(shared.io.poll_write_ready(cx))?;
-    }
+    shared
+        .io
+        .poll_write_vectored_some(cx, slices.get(..n).unwrap_or_default())
 }
 
 #[cfg(test)]

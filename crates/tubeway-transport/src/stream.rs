@@ -1,20 +1,34 @@
 //! The two halves of an established byte stream.
 //!
-//! Unlike `tokio::io::split`, both halves keep the non-blocking `try_*`
-//! operations of the socket underneath, so that a frame can be written
-//! straight from the task (or thread) that produced it and a reader can
-//! poll without parking: see [`crate::FrameWriter`] and [`crate::WaitStrategy`].
+//! Unlike `tokio::io::split`, both halves keep the non-blocking operations
+//! of the socket underneath, so that a frame can be written straight from
+//! the task (or thread) that produced it and a reader can poll without
+//! parking: see [`crate::FrameWriter`] and [`crate::WaitStrategy`].
+//!
+//! Two details matter for latency. Tokio answers a `try_read` from its
+//! cached readiness, which only its reactor updates; a reader that spins
+//! must ask the kernel itself ([`ReadHalf::try_read_now`]). And a socket
+//! reports readiness to the reactor of the runtime it was registered with;
+//! a connection handed to a thread of its own must be registered there
+//! ([`crate::Connection::reregister`]), or every wake-up would take a
+//! second hop through the first runtime.
 
 use std::io::{self, IoSlice};
+use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::BytesMut;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use rustix::io::Errno;
+use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
 use crate::shm::{ShmReader, ShmWriter};
+
+/// Bytes a spinning reader takes per system call.
+const SPIN_READ: usize = 64 * 1024;
 
 #[derive(Debug, Clone)]
 enum Socket {
@@ -22,11 +36,21 @@ enum Socket {
     Unix(Arc<UnixStream>),
 }
 
+impl Socket {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            Socket::Tcp(s) => s.as_fd(),
+            Socket::Unix(s) => s.as_fd(),
+        }
+    }
+}
+
 /// Splits a socket into its halves; both share the socket.
 fn halves(s: Socket) -> (ReadHalf, WriteHalf) {
     (
         ReadHalf {
             inner: ReadInner::Socket(s.clone()),
+            scratch: Vec::new(),
         },
         WriteHalf {
             inner: WriteInner::Socket(s),
@@ -38,6 +62,7 @@ pub(crate) fn shm((r, w): (ShmReader, ShmWriter)) -> (ReadHalf, WriteHalf) {
     (
         ReadHalf {
             inner: ReadInner::Shm(Box::new(r)),
+            scratch: Vec::new(),
         },
         WriteHalf {
             inner: WriteInner::Shm(w),
@@ -65,6 +90,26 @@ pub(crate) fn unix(s: UnixStream) -> (ReadHalf, WriteHalf) {
     halves(Socket::Unix(Arc::new(s)))
 }
 
+fn only_owner<T>(a: Arc<T>) -> io::Result<T> {
+    Arc::try_unwrap(a).map_err(|_| io::Error::other("the socket is shared beyond its two halves"))
+}
+
+/// Registers both halves with the current runtime's reactor instead of the
+/// one they were made in. Must be called within a runtime.
+pub(crate) fn reregister(r: ReadHalf, w: WriteHalf) -> io::Result<(ReadHalf, WriteHalf)> {
+    match (r.inner, w.inner) {
+        (ReadInner::Socket(rs), WriteInner::Socket(ws)) => {
+            drop(ws);
+            match rs {
+                Socket::Tcp(s) => Ok(tcp(TcpStream::from_std(only_owner(s)?.into_std()?)?)),
+                Socket::Unix(s) => Ok(unix(UnixStream::from_std(only_owner(s)?.into_std()?)?)),
+            }
+        }
+        (ReadInner::Shm(r), WriteInner::Shm(w)) => Ok(shm(crate::shm::reregister(*r, w)?)),
+        _ => Err(io::Error::other("halves of two different connections")),
+    }
+}
+
 /// The read half of a connection.
 ///
 /// Implements [`AsyncRead`]; [`crate::FrameReader`] uses the non-blocking
@@ -72,16 +117,44 @@ pub(crate) fn unix(s: UnixStream) -> (ReadHalf, WriteHalf) {
 #[derive(Debug)]
 pub struct ReadHalf {
     inner: ReadInner,
+    /// Where a spinning socket reader reads before copying into the
+    /// caller's buffer: safe code cannot read into uninitialised memory.
+    scratch: Vec<u8>,
 }
 
 impl ReadHalf {
-    /// Reads what is available now into `buf`'s spare capacity, without
-    /// waiting: `WouldBlock` when nothing is; `Ok(0)` at end of stream.
+    /// Reads what is available into `buf`'s spare capacity, without waiting,
+    /// as far as the runtime's reactor knows: `WouldBlock` when it believes
+    /// nothing is there; `Ok(0)` at end of stream. For a reader that sleeps
+    /// between reads.
     pub fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
         match &mut self.inner {
             ReadInner::Socket(Socket::Tcp(s)) => s.try_read_buf(buf),
             ReadInner::Socket(Socket::Unix(s)) => s.try_read_buf(buf),
             ReadInner::Shm(r) => r.try_read_buf(buf),
+        }
+    }
+
+    /// Reads what is available now, asking the kernel itself (one system
+    /// call on a socket, none on shared memory): for a reader that spins,
+    /// since the reactor's view is only as fresh as its last poll.
+    pub fn try_read_now(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        let s = match &mut self.inner {
+            ReadInner::Shm(r) => return r.try_read_buf(buf),
+            ReadInner::Socket(s) => s,
+        };
+        if self.scratch.is_empty() {
+            self.scratch = vec![0; SPIN_READ];
+        }
+        let room = (buf.capacity() - buf.len()).clamp(1, SPIN_READ);
+        let into = self.scratch.get_mut(..room).unwrap_or_default();
+        match rustix::net::recv(s.fd(), &mut *into, RecvFlags::DONTWAIT) {
+            Ok((n, _)) => {
+                buf.extend_from_slice(into.get(..n).unwrap_or_default());
+                Ok(n)
+            }
+            Err(Errno::INTR) => Err(io::ErrorKind::WouldBlock.into()),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -125,6 +198,23 @@ impl AsyncRead for ReadHalf {
     }
 }
 
+/// One non-blocking `sendmsg` of `bufs`, without SIGPIPE.
+fn send_now(fd: std::os::fd::BorrowedFd<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+    let mut control = SendAncillaryBuffer::default();
+    loop {
+        match rustix::net::sendmsg(
+            fd,
+            bufs,
+            &mut control,
+            SendFlags::DONTWAIT | SendFlags::NOSIGNAL,
+        ) {
+            Ok(n) => return Ok(n),
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// The write half of a connection.
 ///
 /// Every operation takes `&self`, so the half can be shared by the tasks and
@@ -137,12 +227,40 @@ pub struct WriteHalf {
 }
 
 impl WriteHalf {
-    /// Writes what fits now, without waiting: `WouldBlock` when nothing does.
+    /// Writes what fits now, without waiting: `WouldBlock` when nothing
+    /// does. Always asks the kernel (the reactor's view may be stale), and
+    /// never raises SIGPIPE: a closed peer is a `BrokenPipe` error.
     pub fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         match &self.inner {
-            WriteInner::Socket(Socket::Tcp(s)) => s.try_write_vectored(bufs),
-            WriteInner::Socket(Socket::Unix(s)) => s.try_write_vectored(bufs),
             WriteInner::Shm(w) => w.try_write_vectored(bufs),
+            WriteInner::Socket(s) => send_now(s.fd(), bufs),
+        }
+    }
+
+    /// Writes what fits, or waits until something may, registering `cx`.
+    /// The reactor learns of a full socket from this (it clears its
+    /// readiness on `WouldBlock`), so a writer that waits uses this one.
+    pub fn poll_write_vectored_some(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            let r = match &self.inner {
+                WriteInner::Socket(Socket::Tcp(s)) => {
+                    s.try_io(Interest::WRITABLE, || send_now(s.as_fd(), bufs))
+                }
+                WriteInner::Socket(Socket::Unix(s)) => {
+                    s.try_io(Interest::WRITABLE, || send_now(s.as_fd(), bufs))
+                }
+                WriteInner::Shm(w) => w.try_write_vectored(bufs),
+            };
+            match r {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    ready!(self.poll_write_ready(cx))?;
+                }
+                r => return Poll::Ready(r),
+            }
         }
     }
 
@@ -159,12 +277,7 @@ impl WriteHalf {
     /// read everything written before.
     pub fn shutdown(&self) -> io::Result<()> {
         let r = match &self.inner {
-            WriteInner::Socket(Socket::Tcp(s)) => {
-                rustix::net::shutdown(&**s, rustix::net::Shutdown::Write)
-            }
-            WriteInner::Socket(Socket::Unix(s)) => {
-                rustix::net::shutdown(&**s, rustix::net::Shutdown::Write)
-            }
+            WriteInner::Socket(s) => rustix::net::shutdown(s.fd(), rustix::net::Shutdown::Write),
             WriteInner::Shm(w) => {
                 w.shutdown();
                 Ok(())
@@ -192,13 +305,7 @@ impl AsyncWrite for WriteHalf {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.poll_write_ready(cx))?;
-            match self.try_write_vectored(bufs) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                r => return Poll::Ready(r),
-            }
-        }
+        self.poll_write_vectored_some(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {

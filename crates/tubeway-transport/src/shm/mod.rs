@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::AbortHandle;
 use tubeway_ring::{Limits, Region, Side};
 
-pub(crate) use stream::{ShmReader, ShmWriter};
+pub(crate) use stream::{reregister, ShmReader, ShmWriter};
 
 use setup::Packet;
 

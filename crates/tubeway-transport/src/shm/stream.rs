@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use bytes::BytesMut;
 use tubeway_ring::{Consumer, Doorbell, Producer, Region, Side, TryReadError, WriteSomeError};
 
-use super::bell::{Bell, Readable};
+use super::bell::{Bell, Readable, Waiter};
 
 /// Polls of an empty ring between two looks at the socket for a hang-up,
 /// for readers that spin and never sleep on it.
@@ -27,7 +27,11 @@ pub(crate) fn halves(
     region: Arc<Region>,
     side: Side,
 ) -> io::Result<(ShmReader, ShmWriter)> {
-    let bell = Bell::new(sock, region.clone(), side);
+    let bell = Bell::new(&sock, region.clone(), side)?;
+    let waiter = Waiter {
+        sock: Arc::new(sock),
+        bell: bell.clone(),
+    };
     let (mut tx, mut rx) = region.ends(side).map_err(io::Error::other)?;
     let b = bell.clone();
     tx.set_doorbell(Some(Doorbell::new(move || b.ring())));
@@ -36,7 +40,7 @@ pub(crate) fn halves(
     let reader = ShmReader {
         rx,
         offset: 0,
-        bell: bell.clone(),
+        waiter: waiter.clone(),
         readable: None,
         announced: false,
         idle_polls: 0,
@@ -47,9 +51,32 @@ pub(crate) fn halves(
             readable: None,
             announced: false,
         }),
-        bell,
+        waiter,
     };
     Ok((reader, writer))
+}
+
+/// Registers the halves' socket with the current runtime's reactor.
+pub(crate) fn reregister(mut r: ShmReader, w: ShmWriter) -> io::Result<(ShmReader, ShmWriter)> {
+    let ShmWriter { inner, waiter } = w;
+    let mut inner = inner.into_inner().unwrap_or_else(PoisonError::into_inner);
+    // Pending waits hold the socket too.
+    inner.readable = None;
+    r.readable = None;
+    drop(waiter);
+    let Waiter { sock, bell } = r.waiter;
+    let sock = Arc::try_unwrap(sock)
+        .map_err(|_| io::Error::other("the doorbell socket is shared beyond its two halves"))?;
+    let sock = Arc::new(tokio::net::UnixStream::from_std(sock.into_std()?)?);
+    let waiter = Waiter { sock, bell };
+    r.waiter = waiter.clone();
+    Ok((
+        r,
+        ShmWriter {
+            inner: Mutex::new(inner),
+            waiter,
+        },
+    ))
 }
 
 fn corrupt(e: impl std::error::Error + Send + Sync + 'static) -> io::Error {
@@ -62,7 +89,7 @@ pub(crate) struct ShmReader {
     /// Bytes of the head record already handed out; it stays in the ring
     /// (unreleased) until all of it has been.
     offset: usize,
-    bell: Arc<Bell>,
+    waiter: Waiter,
     readable: Option<Readable>,
     /// Announced as sleeping on the doorbell; withdrawn before the next
     /// read, so a reader that spins again does not make the peer ring.
@@ -125,7 +152,7 @@ impl ShmReader {
         self.idle_polls = self.idle_polls.wrapping_add(1);
         if self.idle_polls % HANG_UP_CHECK_EVERY == 0 {
             // Marks the rings closed if the peer is gone; the next read sees it.
-            self.bell.drain();
+            self.waiter.drain();
         }
         Err(io::ErrorKind::WouldBlock.into())
     }
@@ -134,21 +161,21 @@ impl ShmReader {
     pub(crate) fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         loop {
             // Registered first, so a ring after the announcement is never missed.
-            if self.bell.poll_readable(&mut self.readable, cx).is_ready() {
-                self.bell.drain();
+            if self.waiter.poll_readable(&mut self.readable, cx).is_ready() {
+                self.waiter.drain();
                 if self.announced {
                     self.rx.withdraw_wait();
                     self.announced = false;
                     return Poll::Ready(Ok(()));
                 }
-                if self.bell.hung_up() {
+                if self.waiter.bell.hung_up() {
                     // A hung-up socket stays readable: the ring, now marked
                     // closed, tells the rest.
                     return Poll::Ready(Ok(()));
                 }
                 continue;
             }
-            if self.bell.hung_up() || !self.rx.announce_doorbell_wait() {
+            if self.waiter.bell.hung_up() || !self.rx.announce_doorbell_wait() {
                 return Poll::Ready(Ok(()));
             }
             self.announced = true;
@@ -160,7 +187,7 @@ impl ShmReader {
 /// The writing half; `&self` everywhere, as the frame writer shares it.
 pub(crate) struct ShmWriter {
     inner: Mutex<WriterInner>,
-    bell: Arc<Bell>,
+    waiter: Waiter,
 }
 
 struct WriterInner {
@@ -210,20 +237,20 @@ impl ShmWriter {
         let mut w = self.lock();
         let w = &mut *w;
         loop {
-            if self.bell.poll_readable(&mut w.readable, cx).is_ready() {
-                self.bell.drain();
+            if self.waiter.poll_readable(&mut w.readable, cx).is_ready() {
+                self.waiter.drain();
                 if w.announced {
                     w.tx.withdraw_wait();
                     w.announced = false;
                     return Poll::Ready(Ok(()));
                 }
-                if self.bell.hung_up() {
+                if self.waiter.bell.hung_up() {
                     return Poll::Ready(Ok(()));
                 }
                 continue;
             }
             let need = (w.tx.max_record() / 4).max(1);
-            if self.bell.hung_up() || !w.tx.announce_doorbell_wait(need) {
+            if self.waiter.bell.hung_up() || !w.tx.announce_doorbell_wait(need) {
                 return Poll::Ready(Ok(()));
             }
             w.announced = true;

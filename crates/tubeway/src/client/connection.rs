@@ -70,7 +70,7 @@ pub(crate) async fn establish(
     hello: &ops::Hello,
     connect_timeout: Duration,
     max_receive: usize,
-    wait: WaitStrategy,
+    wait: Option<WaitStrategy>,
 ) -> Result<Established> {
     let connect_err = |source| Error::Connect {
         url: url.to_string(),
@@ -96,7 +96,7 @@ pub(crate) async fn establish(
     });
     let writer = tokio::spawn(write_loop(flusher, Arc::downgrade(&conn)));
     let mut frames = FrameReader::new(stream.reader, max_receive);
-    frames.set_wait_strategy(wait);
+    frames.set_wait_strategy(wait.unwrap_or(stream.default_wait));
 
     let handshake = async {
         let msg = Message::serialize(hello)?.with_type(MessageType::Hello);

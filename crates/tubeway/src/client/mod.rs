@@ -39,13 +39,16 @@ pub struct ClientOptions {
     pub max_message_size: usize,
     /// The client name sent in the handshake, shown in the broker's logs.
     pub name: String,
-    /// How the connection's reader waits for the broker. The default sleeps
-    /// in the kernel until data arrives; a spinning strategy (latency mode)
-    /// polls instead, which cuts the wake-up (tens of microseconds across
-    /// cores) out of every round trip at the price of a core kept busy
-    /// while waiting. Spinning is for the blocking [`Client`](blocking::Client),
-    /// whose waiting thread has nothing else to do.
-    pub wait: WaitStrategy,
+    /// How the connection's reader waits for the broker; `None` takes the
+    /// transport's default: sleep in the kernel on sockets, spin for about
+    /// a wake-up's cost and then sleep on shared memory. A spinning strategy
+    /// on a socket is latency mode: polling instead of sleeping cuts the
+    /// wake-up (tens of microseconds across cores) out of every round trip,
+    /// at the price of a core kept busy while waiting. Spinning suits the
+    /// blocking [`Client`](blocking::Client), whose waiting thread has
+    /// nothing else to do; an [`AsyncClient`] spins on a thread of its
+    /// runtime.
+    pub wait: Option<WaitStrategy>,
 }
 
 impl Default for ClientOptions {
@@ -55,7 +58,7 @@ impl Default for ClientOptions {
             connect_timeout: Duration::from_secs(5),
             max_message_size: tubeway_proto::DEFAULT_MAX_MESSAGE_SIZE,
             name: ops::Hello::default().client,
-            wait: WaitStrategy::default(),
+            wait: None,
         }
     }
 }

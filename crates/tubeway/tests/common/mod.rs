@@ -117,7 +117,7 @@ impl Harness {
     pub fn client_options(&self) -> tubeway::ClientOptions {
         let mut options = tubeway::ClientOptions::default();
         if self.transport == Transport::TcpSpin {
-            options.wait = SPIN;
+            options.wait = Some(SPIN);
         }
         options
     }
