@@ -100,7 +100,7 @@ impl Consumer {
             strategy,
             deadline,
             word,
-            || word.store(FUTEX, Ordering::Relaxed),
+            || wait::announce(word, FUTEX),
             || cursor.poll(ring, closed),
         )?;
         match found {
@@ -141,18 +141,19 @@ impl Consumer {
     /// is already there or the ring is closed: then withdraws and returns
     /// false, and the caller must not sleep. After waking, call
     /// [`withdraw_wait`](Consumer::withdraw_wait).
-    pub fn announce_doorbell_wait(&self) -> bool {
-        let header = self.ring.header();
-        let word = &header.consumer.reader_waiting;
+    pub fn announce_doorbell_wait(&mut self) -> bool {
+        let ring = &self.ring;
+        let cursor = &mut self.cursor;
+        let closed = self.closed;
+        let word = &ring.header().consumer.reader_waiting;
         let ready = wait::announce_then_check(
             word,
-            || word.store(DOORBELL, Ordering::Relaxed),
-            || {
-                // Anything but our own head (corrupt included) is worth a
-                // look by `try_read`.
-                let tail = header.producer.tail.load(Ordering::Acquire);
-                let ready = self.closed || tail != self.cursor.head || writer_gone(&self.ring);
-                ready.then_some(())
+            || wait::announce(word, DOORBELL),
+            // The same look as before a futex sleep. A record, the close or
+            // a corruption is worth a call of `try_read`, which reports it.
+            || match cursor.poll(ring, closed) {
+                Ok(None) => None,
+                Ok(Some(_)) | Err(_) => Some(()),
             },
         );
         ready.is_none()

@@ -199,7 +199,7 @@ impl Producer {
             &line.writer_waiting,
             || {
                 line.writer_wake_at.store(wake_at, Ordering::Relaxed);
-                line.writer_waiting.store(DOORBELL, Ordering::Release);
+                wait::announce(&line.writer_waiting, DOORBELL);
             },
             || {
                 let head = self.ring.header().consumer.head.load(Ordering::Acquire);
@@ -259,7 +259,7 @@ impl Producer {
             &line.writer_waiting,
             || {
                 line.writer_wake_at.store(wake_at, Ordering::Relaxed);
-                line.writer_waiting.store(FUTEX, Ordering::Release);
+                wait::announce(&line.writer_waiting, FUTEX);
             },
             || {
                 if closed || reader_gone(ring) {

@@ -32,7 +32,7 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut builder = Builder::new();
     // Enough to interleave each side's announce/check with the other's
     // publish/check; the exploration stays within seconds.
-    builder.preemption_bound = Some(3);
+    builder.preemption_bound = Some(4);
     builder.check(f);
 }
 
@@ -105,7 +105,7 @@ fn a_closing_reader_wakes_a_parked_writer() {
 #[test]
 fn a_doorbell_announcement_is_never_missed() {
     model(|| {
-        let (_region, mut tx, rx) = ends();
+        let (_region, mut tx, mut rx) = ends();
         let writer = thread::spawn(move || {
             let wake = tx.try_write(&[b"x"]).unwrap();
             // Keep the ring open while the reader decides.

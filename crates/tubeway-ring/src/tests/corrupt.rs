@@ -159,6 +159,8 @@ fn padding_published_alone_is_not_yet_a_record() {
     set_record(&p, 240, 8, FLAG_PADDING);
     set_tail(&p, 256);
     assert!(p.rx.try_read().unwrap().is_none());
+    // Nothing to read yet: an async reader may sleep.
+    assert!(p.rx.announce_doorbell_wait());
 }
 
 /// A peer writing garbage at random over every shared word never makes an
