@@ -1,6 +1,8 @@
 //! The reading end of a ring.
 
+use std::cell::Cell;
 use std::fmt;
+use std::marker::PhantomData;
 use std::ops::Deref;
 use std::time::Instant;
 
@@ -17,6 +19,13 @@ use crate::wait::{self, Doorbell, Sleeper, WaitStrategy, Wake, DOORBELL, FUTEX};
 /// head index it publishes is kept in this process and only ever stored to
 /// shared memory; the writer's tail and every record header are read from
 /// it once and validated. Dropping the consumer closes it.
+///
+/// Not `Sync`: one thread reads at a time.
+///
+/// ```compile_fail
+/// fn shared<T: Sync>() {}
+/// shared::<tubeway_ring::Consumer>();
+/// ```
 #[derive(Debug)]
 pub struct Consumer {
     ring: Ring,
@@ -24,6 +33,8 @@ pub struct Consumer {
     /// Closed by this end.
     closed: bool,
     doorbell: Option<Doorbell>,
+    /// One thread at a time uses an end (`Cell` is `Send` but not `Sync`).
+    _not_sync: PhantomData<Cell<()>>,
 }
 
 /// A validated record: its payload at `pos` (data-area offset), `len`
@@ -47,6 +58,7 @@ impl Consumer {
             cursor: Cursor { head, tail: head },
             closed: false,
             doorbell: None,
+            _not_sync: PhantomData,
         })
     }
 
@@ -346,6 +358,11 @@ fn check_record(
 /// it) hands its space back to the writer; until then the writer cannot
 /// overwrite it. Forgetting it (`std::mem::forget`) leaves it unreleased,
 /// and the next read returns it again.
+///
+/// The payload is the peer's memory: a hostile peer can change it while it
+/// is borrowed. Copy it out (`to_vec`) before parsing data from a peer that
+/// is not trusted, or read each field of it once (see "Assumptions" in
+/// `docs/shared-memory.md`).
 pub struct Record<'a> {
     consumer: &'a mut Consumer,
     found: Found,
