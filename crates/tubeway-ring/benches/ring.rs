@@ -8,15 +8,23 @@
 //!   `BusySpin` and with the default `SpinPark`, beside the bare ping-pong
 //!   (one cache line each way, [`PingPong`]): the hardware's round trip.
 //! - `stream_64KiB`: 64 KiB records from a writer thread to a reader that
-//!   copies each out, with the default strategy, beside the two copies done
-//!   by one thread (`memcpy`: into a 1 MiB area and out again) and the bare
-//!   ping-pong.
+//!   copies each out, with the default strategy, beside: the two copies done
+//!   by one thread (`memcpy`: into a 1 MiB area and out again); the same two
+//!   copies on two threads synchronised only by two counters
+//!   (`bare_stream`: the streaming limit); and the bare ping-pong.
 //!
 //! Both threads of a pair need a core each: on a machine that is compiling
 //! at the same time the figures are noise. After criterion's report the
-//! program prints each figure as a ratio to its group's bare ping-pong.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+//! program prints each figure's median as a ratio to its group's bare
+//! ping-pong, measured in the same run.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::indexing_slicing
+)]
 
+use std::cell::UnsafeCell;
 use std::hint::black_box;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -29,24 +37,26 @@ use tubeway_ring::{Consumer, PingPong, Producer, Region, RingConfig, Side, WaitS
 const RECORD: usize = 64;
 const STREAM_RECORD: usize = 64 * 1024;
 
-/// Mean time per iteration of each benchmark, for the ratios.
-static MEANS: Mutex<Vec<(String, Duration, u64)>> = Mutex::new(Vec::new());
+/// Time per iteration of each sample of each benchmark, for the ratios.
+static SAMPLES: Mutex<Vec<(String, Vec<f64>)>> = Mutex::new(Vec::new());
 
-fn record_mean(name: &str, elapsed: Duration, iters: u64) {
-    let mut means = MEANS.lock().unwrap();
-    match means.iter_mut().find(|(n, ..)| n == name) {
-        Some((_, total, count)) => {
-            *total += elapsed;
-            *count += iters;
-        }
-        None => means.push((name.to_owned(), elapsed, iters)),
+fn record_sample(name: &str, elapsed: Duration, iters: u64) {
+    let per_iter = elapsed.as_nanos() as f64 / iters.max(1) as f64;
+    let mut samples = SAMPLES.lock().unwrap();
+    match samples.iter_mut().find(|(n, _)| n == name) {
+        Some((_, times)) => times.push(per_iter),
+        None => samples.push((name.to_owned(), vec![per_iter])),
     }
 }
 
-fn mean(name: &str) -> Option<f64> {
-    let means = MEANS.lock().unwrap();
-    let (_, total, count) = means.iter().find(|(n, ..)| n == name)?;
-    Some(total.as_nanos() as f64 / (*count).max(1) as f64)
+/// The median time per iteration of the samples of `name`: robust to the
+/// samples in which a thread lost its core.
+fn median(name: &str) -> Option<f64> {
+    let samples = SAMPLES.lock().unwrap();
+    let (_, times) = samples.iter().find(|(n, _)| n == name)?;
+    let mut times = times.clone();
+    times.sort_by(f64::total_cmp);
+    times.get(times.len() / 2).copied()
 }
 
 fn configure(group: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>) {
@@ -63,7 +73,7 @@ fn timed(name: &str, iters: u64, mut f: impl FnMut()) -> Duration {
         f();
     }
     let elapsed = start.elapsed();
-    record_mean(name, elapsed, iters);
+    record_sample(name, elapsed, iters);
     elapsed
 }
 
@@ -172,6 +182,8 @@ fn stream(c: &mut Criterion) {
         });
     });
 
+    bare_stream(&mut group);
+
     let strategy = WaitStrategy::default();
     let ((mut tx, _), (_, mut rx)) = ends(1 << 20);
     let (order, orders) = mpsc::channel::<u64>();
@@ -202,15 +214,105 @@ fn stream(c: &mut Criterion) {
     group.finish();
 }
 
+/// Sixteen 64 KiB slots shared by two threads: the bare stream's buffer.
+struct Slots(Box<[UnsafeCell<u8>]>);
+
+// SAFETY: a slot is written by the writer only while the reader's posted
+// count says it is free, and read by the reader only once the writer's
+// posted count (a Release store, read with Acquire) says it is full.
+unsafe impl Sync for Slots {}
+
+impl Slots {
+    const COUNT: u64 = 16;
+
+    fn new() -> Slots {
+        Slots(
+            (0..Self::COUNT as usize * STREAM_RECORD)
+                .map(|_| UnsafeCell::new(0))
+                .collect(),
+        )
+    }
+
+    /// The slot for record `n`.
+    fn slot(&self, n: u64) -> *mut u8 {
+        let start = (n % Self::COUNT) as usize * STREAM_RECORD;
+        UnsafeCell::raw_get(self.0[start..start + STREAM_RECORD].as_ptr())
+    }
+}
+
+/// The streaming limit: the same two copies across cores through the same
+/// amount of memory, synchronised by nothing but two counters in a
+/// [`PingPong`] (records written, records read), both threads spinning.
+fn bare_stream(group: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+    let slots = Arc::new(Slots::new());
+    let pp = Arc::new(PingPong::heap().unwrap());
+    let (order, orders) = mpsc::channel::<u64>();
+    let writer = {
+        let (slots, pp) = (Arc::clone(&slots), Arc::clone(&pp));
+        thread::spawn(move || {
+            let source = vec![5u8; STREAM_RECORD];
+            let mut written: u64 = 0;
+            for n in orders {
+                for _ in 0..n {
+                    // Wait for the slot to be free.
+                    let _ = pp.wait(
+                        Side::Creator,
+                        (written + 1).saturating_sub(Slots::COUNT),
+                        None,
+                    );
+                    // SAFETY: the reader has read record `written - 16`, the
+                    // last one in this slot, and reads it again only after
+                    // the post below.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            source.as_ptr(),
+                            slots.slot(written),
+                            STREAM_RECORD,
+                        )
+                    };
+                    written += 1;
+                    pp.post(Side::Creator, written);
+                }
+            }
+        })
+    };
+    let mut out = vec![0u8; STREAM_RECORD];
+    let mut read = 0;
+    group.bench_function("bare_stream", |b| {
+        b.iter_custom(|iters| {
+            order.send(iters).unwrap();
+            timed("stream_64KiB/bare_stream", iters, || {
+                let _ = pp.wait(Side::Opener, read + 1, None);
+                // SAFETY: the writer posted record `read` (Release, seen
+                // with Acquire) and writes this slot again only after the
+                // post below.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(slots.slot(read), out.as_mut_ptr(), STREAM_RECORD)
+                };
+                black_box(&out);
+                read += 1;
+                pp.post(Side::Opener, read);
+            })
+        });
+    });
+    drop(order);
+    writer.join().unwrap();
+}
+
 fn print_ratios() {
-    println!("\nratios to the bare ping-pong of the same group (mean per iteration):");
+    println!("\nratios to the bare ping-pong of the same group (median time per iteration):");
+    let names: Vec<String> = SAMPLES
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(n, _)| n.clone())
+        .collect();
     for group in ["pingpong_64B", "stream_64KiB"] {
-        let Some(bare) = mean(&format!("{group}/bare")) else {
+        let Some(bare) = median(&format!("{group}/bare")) else {
             continue;
         };
-        let means = MEANS.lock().unwrap().clone();
-        for (name, total, count) in means.iter().filter(|(n, ..)| n.starts_with(group)) {
-            let ns = total.as_nanos() as f64 / (*count).max(1) as f64;
+        for name in names.iter().filter(|n| n.starts_with(group)) {
+            let ns = median(name).unwrap_or(f64::NAN);
             println!("  {name:32} {ns:>12.1} ns  {:>8.2} x bare", ns / bare);
         }
     }

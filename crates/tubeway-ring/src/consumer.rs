@@ -20,7 +20,7 @@ use crate::wait::{self, Doorbell, Sleeper, WaitStrategy, Wake, DOORBELL, FUTEX};
 /// shared memory; the writer's tail and every record header are read from
 /// it once and validated. Dropping the consumer closes it.
 ///
-/// Not `Sync`: one thread reads at a time.
+/// One thread reads at a time; it is not `Sync`:
 ///
 /// ```compile_fail
 /// fn shared<T: Sync>() {}

@@ -18,7 +18,7 @@ use crate::wait::{self, Doorbell, Sleeper, WaitStrategy, Wake, DOORBELL, FUTEX};
 /// shared memory; the reader's head is read from it and validated on every
 /// read. Dropping the producer closes it.
 ///
-/// Not `Sync`: one thread writes at a time.
+/// One thread writes at a time; it is not `Sync`:
 ///
 /// ```compile_fail
 /// fn shared<T: Sync>() {}
