@@ -10,8 +10,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use tubeway_ring::{
-    Consumer, Producer, ReadError, Region, RingConfig, Side, Sleeper, WaitStrategy,
-    WriteMessageError,
+    Consumer, Doorbell, Producer, ReadError, Region, RingConfig, Side, Sleeper, TryWriteError,
+    WaitStrategy, WriteMessageError,
 };
 
 /// How long a woken end may take to report back: far beyond any wake-up,
@@ -214,4 +214,93 @@ fn marking_the_peer_dead_wakes_every_sleeper_at_once() {
             format!("{:?}", Err::<(), _>(WriteMessageError::Closed)),
         ]
     );
+}
+
+/// A doorbell as an async transport has one, with a channel standing in for
+/// the socket: ringing sends a byte, sleeping receives one.
+fn doorbell() -> (Doorbell, mpsc::Receiver<()>) {
+    let (ring, bell) = mpsc::sync_channel(1);
+    let doorbell = Doorbell::new(move || {
+        // A full channel already holds a wake-up, like a full socket.
+        let _ = ring.try_send(());
+    });
+    (doorbell, bell)
+}
+
+/// A reader that sleeps on its doorbell, as an async task would, gets
+/// fragmented messages from a blocking writer, which must ring the doorbell
+/// between fragments before it can wait for more space.
+#[test]
+fn a_reader_sleeping_on_its_doorbell_gets_fragmented_messages() {
+    let mut p = pair(4096);
+    let (bell, rung) = doorbell();
+    p.tx.set_doorbell(Some(bell));
+    let message = vec![9u8; 10 * p.tx.max_record() + 3];
+    thread::scope(|s| {
+        let tx = &mut p.tx;
+        let message = &message;
+        s.spawn(move || {
+            for _ in 0..20 {
+                let deadline = Some(Instant::now() + BOUND);
+                let _ = tx
+                    .write_message(&[message], &WaitStrategy::default(), deadline)
+                    .unwrap();
+            }
+        });
+        let mut got = Vec::new();
+        let mut messages = 0;
+        while messages < 20 {
+            if let Some(record) = p.rx.try_read().unwrap() {
+                got.extend_from_slice(&record);
+                if record.is_last() {
+                    assert_eq!(&got, message);
+                    got.clear();
+                    messages += 1;
+                }
+                continue;
+            }
+            if p.rx.announce_doorbell_wait() {
+                rung.recv_timeout(BOUND)
+                    .expect("the doorbell was never rung");
+            }
+            p.rx.withdraw_wait();
+        }
+    });
+}
+
+/// A writer that sleeps on its doorbell for space, as an async task would,
+/// is woken by a blocking reader's releases.
+#[test]
+fn a_writer_sleeping_on_its_doorbell_gets_space() {
+    let mut p = pair(4096);
+    let (bell, rung) = doorbell();
+    p.rx.set_doorbell(Some(bell));
+    let max = p.tx.max_record();
+    let records = 2000u32;
+    thread::scope(|s| {
+        let rx = &mut p.rx;
+        s.spawn(move || {
+            for i in 0..records {
+                let deadline = Some(Instant::now() + BOUND);
+                let record = rx.read(&WaitStrategy::default(), deadline).unwrap();
+                assert_eq!(record.len(), max);
+                assert_eq!(record[0], i as u8);
+            }
+        });
+        let mut i = 0;
+        while i < records {
+            let record = vec![i as u8; max];
+            match p.tx.try_write(&[&record]) {
+                Ok(_) => i += 1,
+                Err(TryWriteError::Full { .. }) => {
+                    if p.tx.announce_doorbell_wait(max) {
+                        rung.recv_timeout(BOUND)
+                            .expect("the doorbell was never rung");
+                    }
+                    p.tx.withdraw_wait();
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    });
 }
