@@ -185,9 +185,10 @@ impl Region {
             min: MIN_CAPACITY,
             max: MAX_CAPACITY,
         };
-        match fits {
-            true => Region::new(map, &geometry).ok_or(unfit.into()),
-            false => Err(unfit.into()),
+        if fits {
+            Region::new(map, &geometry).ok_or(unfit.into())
+        } else {
+            Err(unfit.into())
         }
     }
 
