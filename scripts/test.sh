@@ -27,6 +27,13 @@ cargo build --workspace --all-targets --locked
 
 step "tests"
 cargo test --workspace --locked 2>&1 | tee target/test-output.txt
+
+step "loom model of the shared-memory ring protocol"
+# --cfg loom swaps the ring's atomics and futex for loom's models; its own
+# target directory keeps those flags from invalidating the build above.
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+    cargo test -p tubeway-ring --test ring_loom --locked 2>&1 | tee -a target/test-output.txt
+
 passed=$(grep -Eo '^test result: ok\. [0-9]+ passed' target/test-output.txt | awk '{s+=$4} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed' target/test-output.txt | awk '{s+=$1} END {print s+0}')
 

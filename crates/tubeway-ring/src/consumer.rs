@@ -1,6 +1,8 @@
 //! The reading end of a ring.
 
+use std::cell::Cell;
 use std::fmt;
+use std::marker::PhantomData;
 use std::ops::Deref;
 use std::time::Instant;
 
@@ -17,6 +19,13 @@ use crate::wait::{self, Doorbell, Sleeper, WaitStrategy, Wake, DOORBELL, FUTEX};
 /// head index it publishes is kept in this process and only ever stored to
 /// shared memory; the writer's tail and every record header are read from
 /// it once and validated. Dropping the consumer closes it.
+///
+/// One thread reads at a time; it is not `Sync`:
+///
+/// ```compile_fail
+/// fn shared<T: Sync>() {}
+/// shared::<tubeway_ring::Consumer>();
+/// ```
 #[derive(Debug)]
 pub struct Consumer {
     ring: Ring,
@@ -24,6 +33,8 @@ pub struct Consumer {
     /// Closed by this end.
     closed: bool,
     doorbell: Option<Doorbell>,
+    /// One thread at a time uses an end (`Cell` is `Send` but not `Sync`).
+    _not_sync: PhantomData<Cell<()>>,
 }
 
 /// A validated record: its payload at `pos` (data-area offset), `len`
@@ -44,9 +55,14 @@ impl Consumer {
         check_indices(head, tail, ring.capacity())?;
         Ok(Consumer {
             ring,
-            cursor: Cursor { head, tail: head },
+            cursor: Cursor {
+                head,
+                tail: head,
+                taken: 0,
+            },
             closed: false,
             doorbell: None,
+            _not_sync: PhantomData,
         })
     }
 
@@ -92,20 +108,48 @@ impl Consumer {
         strategy: &WaitStrategy,
         deadline: Option<Instant>,
     ) -> Result<Record<'_>, ReadError> {
-        let ring = &self.ring;
-        let cursor = &mut self.cursor;
-        let closed = self.closed;
-        let word = &ring.header().consumer.reader_waiting;
-        let found = wait::wait_for(
-            strategy,
-            deadline,
-            word,
-            || word.store(FUTEX, Ordering::Relaxed),
-            || cursor.poll(ring, closed),
-        )?;
-        match found {
-            Some(found) => Ok(Record::new(self, found)),
-            None => Err(ReadError::TimedOut),
+        let found = self.wait_next(strategy, deadline)?;
+        Ok(Record::new(self, found))
+    }
+
+    /// Reads the ring as a byte stream, without waiting: copies published
+    /// bytes into `buf`, at most the rest of one record, and releases each
+    /// record once it is read to its end (a record read in part is returned
+    /// from where it stopped, by this or by [`try_read`](Consumer::try_read)).
+    /// Empty records are skipped. `None`: nothing is published.
+    ///
+    /// The counterpart of [`Producer::write_some`](crate::Producer::write_some).
+    pub fn try_read_bytes(
+        &mut self,
+        buf: &mut [u8],
+    ) -> Result<Option<(usize, Wake)>, TryReadError> {
+        let mut wake = Wake::None;
+        loop {
+            let Some(found) = self.poll()? else {
+                return Ok(None);
+            };
+            match self.take_bytes(found, buf) {
+                (Some(n), w) => return Ok(Some((n, wake.and(w)))),
+                (None, w) => wake = wake.and(w),
+            }
+        }
+    }
+
+    /// [`try_read_bytes`](Consumer::try_read_bytes), waiting for bytes with
+    /// `strategy` until `deadline`.
+    pub fn read_bytes(
+        &mut self,
+        buf: &mut [u8],
+        strategy: &WaitStrategy,
+        deadline: Option<Instant>,
+    ) -> Result<(usize, Wake), ReadError> {
+        let mut wake = Wake::None;
+        loop {
+            let found = self.wait_next(strategy, deadline)?;
+            match self.take_bytes(found, buf) {
+                (Some(n), w) => return Ok((n, wake.and(w))),
+                (None, w) => wake = wake.and(w),
+            }
         }
     }
 
@@ -141,18 +185,19 @@ impl Consumer {
     /// is already there or the ring is closed: then withdraws and returns
     /// false, and the caller must not sleep. After waking, call
     /// [`withdraw_wait`](Consumer::withdraw_wait).
-    pub fn announce_doorbell_wait(&self) -> bool {
-        let header = self.ring.header();
-        let word = &header.consumer.reader_waiting;
+    pub fn announce_doorbell_wait(&mut self) -> bool {
+        let ring = &self.ring;
+        let cursor = &mut self.cursor;
+        let closed = self.closed;
+        let word = &ring.header().consumer.reader_waiting;
         let ready = wait::announce_then_check(
             word,
-            || word.store(DOORBELL, Ordering::Relaxed),
-            || {
-                // Anything but our own head (corrupt included) is worth a
-                // look by `try_read`.
-                let tail = header.producer.tail.load(Ordering::Acquire);
-                let ready = self.closed || tail != self.cursor.head || writer_gone(&self.ring);
-                ready.then_some(())
+            || wait::announce(word, DOORBELL),
+            // The same look as before a futex sleep. A record, the close or
+            // a corruption is worth a call of `try_read`, which reports it.
+            || match cursor.poll(ring, closed) {
+                Ok(None) => None,
+                Ok(Some(_)) | Err(_) => Some(()),
             },
         );
         ready.is_none()
@@ -189,10 +234,48 @@ impl Consumer {
         self.cursor.poll(&self.ring, self.closed)
     }
 
+    /// The next record, waiting for it.
+    fn wait_next(
+        &mut self,
+        strategy: &WaitStrategy,
+        deadline: Option<Instant>,
+    ) -> Result<Found, ReadError> {
+        let ring = &self.ring;
+        let cursor = &mut self.cursor;
+        let closed = self.closed;
+        let word = &ring.header().consumer.reader_waiting;
+        let found = wait::wait_for(
+            strategy,
+            deadline,
+            word,
+            || wait::announce(word, FUTEX),
+            || cursor.poll(ring, closed),
+        )?;
+        found.ok_or(ReadError::TimedOut)
+    }
+
+    /// Copies as much of `found` as fits into `buf`, and releases the record
+    /// if that was its end. The count is `None` for an empty record (which
+    /// is released): there is nothing to return yet.
+    fn take_bytes(&mut self, found: Found, buf: &mut [u8]) -> (Option<usize>, Wake) {
+        let n = (found.len as usize).min(buf.len());
+        if let Some(dst) = buf.get_mut(..n) {
+            dst.copy_from_slice(self.ring.payload(found.pos, n as u64));
+        }
+        let wake = if n as u64 == found.len {
+            self.release(found.next)
+        } else {
+            self.cursor.taken += n as u64;
+            Wake::None
+        };
+        ((n > 0 || buf.is_empty()).then_some(n), wake)
+    }
+
     /// Releases the record that ends at `next`, publishing the new head, and
     /// wakes the writer if it sleeps waiting for that much space.
     fn release(&mut self, next: u64) -> Wake {
         self.cursor.head = next;
+        self.cursor.taken = 0;
         let header = self.ring.header();
         header.consumer.head.store(next, Ordering::Release);
         // The publisher's half of the Dekker pair (see wait.rs).
@@ -228,6 +311,8 @@ struct Cursor {
     /// The writer's tail as last read and validated, so that its line is
     /// read only when everything up to it has been read.
     tail: u64,
+    /// Bytes of the record at the head already read as a byte stream.
+    taken: u64,
 }
 
 impl Cursor {
@@ -238,17 +323,34 @@ impl Cursor {
             return Err(TryReadError::Closed);
         }
         if let Some(found) = self.next(ring)? {
-            return Ok(Some(found));
+            return Ok(Some(self.skip_taken(found)?));
         }
         // Look at the closed flag before the tail: if it is set, the tail
         // read after it is the writer's last.
         let gone = writer_gone(ring);
         self.refresh_tail(ring)?;
         match self.next(ring)? {
-            Some(found) => Ok(Some(found)),
+            Some(found) => Ok(Some(self.skip_taken(found)?)),
             None if gone => Err(TryReadError::Closed),
             None => Ok(None),
         }
+    }
+
+    /// The part of `found` not yet read as a byte stream. The header is read
+    /// again each time, so a peer may have shortened the record meanwhile.
+    fn skip_taken(&self, found: Found) -> Result<Found, Corrupt> {
+        if found.len < self.taken {
+            return Err(Corrupt::Length {
+                at: self.head,
+                len: found.len,
+                readable: self.taken,
+            });
+        }
+        Ok(Found {
+            pos: found.pos + self.taken,
+            len: found.len - self.taken,
+            ..found
+        })
     }
 
     /// Re-reads the writer's tail, validated.
@@ -345,6 +447,11 @@ fn check_record(
 /// it) hands its space back to the writer; until then the writer cannot
 /// overwrite it. Forgetting it (`std::mem::forget`) leaves it unreleased,
 /// and the next read returns it again.
+///
+/// The payload is the peer's memory: a hostile peer can change it while it
+/// is borrowed. Copy it out (`to_vec`) before parsing data from a peer that
+/// is not trusted, or read each field of it once (see "Assumptions" in
+/// `docs/shared-memory.md`).
 pub struct Record<'a> {
     consumer: &'a mut Consumer,
     found: Found,

@@ -159,7 +159,8 @@ pub enum Corrupt {
         flags: u32,
     },
     /// A record is longer than a record can be, or runs past the published
-    /// tail or the end of the data area.
+    /// tail or the end of the data area, or has become shorter than the part
+    /// of it already read as a byte stream.
     #[error("record at index {at} of {len} bytes does not fit (readable {readable})")]
     Length {
         /// Where the record is.

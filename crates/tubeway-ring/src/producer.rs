@@ -1,5 +1,7 @@
 //! The writing end of a ring.
 
+use std::cell::Cell;
+use std::marker::PhantomData;
 use std::time::Instant;
 
 use crate::error::{Corrupt, TryWriteError, WriteMessageError, WriteSomeError};
@@ -15,6 +17,13 @@ use crate::wait::{self, Doorbell, Sleeper, WaitStrategy, Wake, DOORBELL, FUTEX};
 /// tail index it publishes is kept in this process and only ever stored to
 /// shared memory; the reader's head is read from it and validated on every
 /// read. Dropping the producer closes it.
+///
+/// One thread writes at a time; it is not `Sync`:
+///
+/// ```compile_fail
+/// fn shared<T: Sync>() {}
+/// shared::<tubeway_ring::Producer>();
+/// ```
 #[derive(Debug)]
 pub struct Producer {
     ring: Ring,
@@ -22,6 +31,8 @@ pub struct Producer {
     /// Closed by this end.
     closed: bool,
     doorbell: Option<Doorbell>,
+    /// One thread at a time uses an end (`Cell` is `Send` but not `Sync`).
+    _not_sync: PhantomData<Cell<()>>,
 }
 
 /// Where a record goes: `pad` bytes of padding at `pos` first (0: none),
@@ -44,6 +55,7 @@ impl Producer {
             cursor: Cursor { tail, head },
             closed: false,
             doorbell: None,
+            _not_sync: PhantomData,
         })
     }
 
@@ -199,7 +211,7 @@ impl Producer {
             &line.writer_waiting,
             || {
                 line.writer_wake_at.store(wake_at, Ordering::Relaxed);
-                line.writer_waiting.store(DOORBELL, Ordering::Release);
+                wait::announce(&line.writer_waiting, DOORBELL);
             },
             || {
                 let head = self.ring.header().consumer.head.load(Ordering::Acquire);
@@ -259,7 +271,7 @@ impl Producer {
             &line.writer_waiting,
             || {
                 line.writer_wake_at.store(wake_at, Ordering::Relaxed);
-                line.writer_waiting.store(FUTEX, Ordering::Release);
+                wait::announce(&line.writer_waiting, FUTEX);
             },
             || {
                 if closed || reader_gone(ring) {

@@ -185,9 +185,10 @@ impl Region {
             min: MIN_CAPACITY,
             max: MAX_CAPACITY,
         };
-        match fits {
-            true => Region::new(map, &geometry).ok_or(unfit.into()),
-            false => Err(unfit.into()),
+        if fits {
+            Region::new(map, &geometry).ok_or(unfit.into())
+        } else {
+            Err(unfit.into())
         }
     }
 
@@ -208,6 +209,10 @@ impl Region {
     /// magic numbers and versions, and that the offsets and size are exactly
     /// the layout of the capacities found. The geometry is read once here;
     /// later changes by the peer are never looked at.
+    ///
+    /// Open a memfd once per process: two `Region`s of one memfd in one
+    /// process could each hand out the same side's ends, and two producers
+    /// (or consumers) of one ring break it like a misbehaving peer would.
     pub fn open(fd: OwnedFd, limits: &Limits) -> Result<Region, OpenError> {
         let smallest = Geometry::new([MIN_CAPACITY; 2]).map_or(u64::MAX, |g| g.region_size as u64);
         let max_capacity = limits.max_capacity.clamp(MIN_CAPACITY, MAX_CAPACITY);
@@ -218,7 +223,8 @@ impl Region {
     }
 
     /// The memfd to pass to the peer (none for a [`heap`](Region::heap)
-    /// region).
+    /// region). It is close-on-exec: send it over a Unix socket
+    /// (`SCM_RIGHTS`), or duplicate it for a child process to inherit.
     pub fn fd(&self) -> Option<BorrowedFd<'_>> {
         self.map.fd()
     }

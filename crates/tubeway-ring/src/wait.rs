@@ -12,7 +12,7 @@
 //!
 //! ```text
 //! publisher (writer or reader)        sleeper
-//! store index (Release)               store waiting word = FUTEX
+//! store index (Release)               swap waiting word <- FUTEX
 //! fence(SeqCst)                       fence(SeqCst)
 //! load waiting word                   load index; still nothing? futex_wait
 //! ```
@@ -226,9 +226,22 @@ pub(crate) fn announce_then_check<T>(
     found
 }
 
+/// Announces that the owner of `word` sleeps, and how (`FUTEX` or
+/// `DOORBELL`). Release: whatever the sleeper stored before (a writer's wake
+/// target) is visible to a waker that reads the announcement.
+///
+/// A swap rather than a store, like the waker's clearing swap and
+/// [`withdraw`]: with only read-modify-writes on the word, each reads the
+/// latest value, and its history is a plain sequence of announcements and
+/// clears. (Loom does not model the atomicity of a read-modify-write against
+/// a plain store, and reports a lost wake-up that cannot happen otherwise.)
+pub(crate) fn announce(word: &AtomicU32, how: u32) {
+    word.swap(how, Ordering::Release);
+}
+
 /// Withdraws an announcement.
 pub(crate) fn withdraw(word: &AtomicU32) {
-    word.store(NOT_WAITING, Ordering::Relaxed);
+    word.swap(NOT_WAITING, Ordering::Relaxed);
 }
 
 /// Spins between two looks at the clock: a look costs ~25 ns, a spin of a

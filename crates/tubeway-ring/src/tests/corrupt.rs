@@ -118,6 +118,23 @@ fn a_record_longer_than_a_record_or_than_what_is_published() {
 }
 
 #[test]
+fn a_record_shortened_after_part_of_it_was_read() {
+    let mut p = pair(256);
+    let _ = p.tx.try_write(&[&[0; 20]]).unwrap();
+    let mut buf = [0; 10];
+    assert!(p.rx.try_read_bytes(&mut buf).unwrap().is_some());
+    set_record(&p, 0, 5, 0);
+    assert_eq!(
+        read_err(&mut p),
+        Corrupt::Length {
+            at: 0,
+            len: 5,
+            readable: 10
+        }
+    );
+}
+
+#[test]
 fn a_record_running_past_the_end_of_the_data_area() {
     let mut p = empty_at_240();
     // A proper record wraps with padding; this one claims to run on.
@@ -159,6 +176,8 @@ fn padding_published_alone_is_not_yet_a_record() {
     set_record(&p, 240, 8, FLAG_PADDING);
     set_tail(&p, 256);
     assert!(p.rx.try_read().unwrap().is_none());
+    // Nothing to read yet: an async reader may sleep.
+    assert!(p.rx.announce_doorbell_wait());
 }
 
 /// A peer writing garbage at random over every shared word never makes an

@@ -57,6 +57,16 @@ fn header(ring: &Ring) -> &RingHeader {
     ring.header()
 }
 
+#[test]
+fn the_ends_can_move_to_other_threads() {
+    fn send<T: Send>() {}
+    send::<Producer>();
+    send::<Consumer>();
+    fn shared<T: Send + Sync>() {}
+    shared::<Region>();
+    shared::<crate::PingPong>();
+}
+
 /// `len` bytes of a pattern that differs with `seed`.
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;

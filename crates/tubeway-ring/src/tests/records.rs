@@ -241,3 +241,53 @@ fn a_message_of_a_record_or_less_is_one_record() {
     let _ = p.tx.write_message(&[], &WAIT, deadline()).unwrap();
     assert_eq!(p.read(), Some((vec![], true)));
 }
+
+#[test]
+fn a_byte_stream_survives_any_chunking() {
+    let mut p = pair(256);
+    let data = pattern(11, 20_000);
+    let (mut sent, mut got) = (0, Vec::new());
+    let mut chunk = 1;
+    while got.len() < data.len() {
+        if sent < data.len() {
+            let end = (sent + 333).min(data.len());
+            if let Ok((n, _)) = p.tx.write_some(&[&data[sent..end]]) {
+                sent += n;
+            }
+        }
+        let mut buf = vec![0; chunk];
+        while let Some((n, _)) = p.rx.try_read_bytes(&mut buf).unwrap() {
+            got.extend_from_slice(&buf[..n]);
+        }
+        chunk = chunk % 37 + 1;
+    }
+    assert_eq!(got, data);
+}
+
+#[test]
+fn a_record_read_in_part_is_continued_by_any_read() {
+    let mut p = pair(256);
+    let _ = p.tx.try_write(&[]).unwrap();
+    let _ = p.tx.try_write(&[b"hello world"]).unwrap();
+    let _ = p.tx.try_write(&[b"!"]).unwrap();
+    let mut buf = [0; 5];
+    // The empty record is skipped.
+    assert_eq!(p.rx.try_read_bytes(&mut buf).unwrap().map(|r| r.0), Some(5));
+    assert_eq!(&buf, b"hello");
+    assert_eq!(p.read(), Some((b" world".to_vec(), true)));
+    assert_eq!(p.rx.try_read_bytes(&mut buf).unwrap().map(|r| r.0), Some(1));
+    assert_eq!(p.rx.try_read_bytes(&mut buf).unwrap(), None);
+    // Nothing asked, nothing taken.
+    let _ = p.tx.try_write(&[b"abc"]).unwrap();
+    assert_eq!(p.rx.try_read_bytes(&mut []).unwrap().map(|r| r.0), Some(0));
+    let _ = p.tx.close();
+    let mut buf = [0; 8];
+    assert_eq!(
+        p.rx.read_bytes(&mut buf, &WAIT, deadline()).map(|r| r.0),
+        Ok(3)
+    );
+    assert_eq!(
+        p.rx.read_bytes(&mut buf, &WAIT, deadline()),
+        Err(crate::ReadError::Closed)
+    );
+}
