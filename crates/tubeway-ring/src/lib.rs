@@ -51,6 +51,7 @@ mod record;
 mod region;
 mod ring;
 mod shm;
+mod strategy;
 mod sync;
 mod wait;
 
@@ -68,4 +69,5 @@ pub use region::{
     Limits, Region, RingConfig, Side, DEFAULT_CAPACITY, DEFAULT_MAX_CAPACITY, MAX_CAPACITY,
     MIN_CAPACITY,
 };
+pub use strategy::WaitStrategyError;
 pub use wait::{Doorbell, Sleeper, WaitStrategy, Wake, DEFAULT_SPIN};

@@ -62,7 +62,7 @@ pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 /// The choice trades CPU for latency: spinning reacts within a cache-line
 /// transfer (~0.1 µs) but keeps a core busy; sleeping costs nothing while
 /// idle but a wake-up costs tens of microseconds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum WaitStrategy {
     /// Spin until ready: the lowest latency, a full core per waiting end.

@@ -28,14 +28,6 @@ const DEFAULT_WAIT: WaitStrategy = WaitStrategy::SpinPark {
     spin: crate::wait::DEFAULT_SPIN,
 };
 
-fn ring_wait(w: &WaitStrategy) -> tubeway_ring::WaitStrategy {
-    match *w {
-        WaitStrategy::BusySpin => tubeway_ring::WaitStrategy::BusySpin,
-        WaitStrategy::SpinYield { spin } => tubeway_ring::WaitStrategy::SpinYield { spin },
-        WaitStrategy::SpinPark { spin } => tubeway_ring::WaitStrategy::SpinPark { spin },
-    }
-}
-
 /// What one side keeps alive while either of its ends lives: the region,
 /// and for shared memory the socket and the thread watching it.
 #[derive(Debug)]
@@ -160,7 +152,7 @@ impl RingWriter {
         wait: &WaitStrategy,
         deadline: Option<Instant>,
     ) -> Result<(), SendError> {
-        match self.tx.write_message(parts, &ring_wait(wait), deadline) {
+        match self.tx.write_message(parts, wait, deadline) {
             Ok(_) => Ok(()),
             Err(WriteMessageError::Closed) => Err(SendError::Closed),
             Err(WriteMessageError::TimedOut) => Err(SendError::TimedOut),
@@ -206,13 +198,12 @@ impl RingReader {
         wait: &WaitStrategy,
         deadline: Option<Instant>,
     ) -> Result<Option<Received<'_>>, RecvError> {
-        let wait = ring_wait(wait);
         if self.assembled {
             self.assembly.clear();
             self.assembled = false;
         }
         if self.assembly.is_empty() {
-            let first = match self.rx.read(&wait, deadline) {
+            let first = match self.rx.read(wait, deadline) {
                 Ok(r) => r,
                 Err(ReadError::TimedOut) => return Ok(None),
                 Err(e) => return Err(recv_error(e, false)),
@@ -240,7 +231,7 @@ impl RingReader {
         // The rest of a fragmented message; a timeout keeps what was read
         // for the next call.
         loop {
-            let record = match self.rx.read(&wait, deadline) {
+            let record = match self.rx.read(wait, deadline) {
                 Ok(r) => r,
                 Err(ReadError::TimedOut) => return Ok(None),
                 Err(e) => return Err(recv_error(e, true)),
