@@ -1,0 +1,118 @@
+//! One connection of a queue endpoint: a writer fed without ever blocking
+//! the sender, and a reader that assembles objects into the inbox.
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinHandle;
+use tubeway_proto::{Decoded, EncodedFrame};
+use tubeway_transport::{write_frames, Connection, FrameReader, WriteBatch};
+
+use super::framing::{Assembler, Received};
+
+/// Frames queued for one connection's writer before the forwarder waits.
+const WRITE_QUEUE: usize = 256;
+
+/// What a reader reports to the endpoint's inbox.
+#[derive(Debug)]
+pub enum Event {
+    /// A whole object from `peer`, holding `permits` bytes of the inbox budget.
+    Object {
+        peer: u64,
+        received: Received,
+        permits: u32,
+    },
+    /// `peer` is gone (closed, died or broke the framing).
+    Left { peer: u64, reason: String },
+}
+
+/// The sending side of one peer.
+#[derive(Debug)]
+pub struct Peer {
+    /// Objects to send, each as its frames; unbounded so `put` never blocks.
+    pub tx: mpsc::UnboundedSender<Vec<EncodedFrame>>,
+    pub reader: JoinHandle<()>,
+    pub writer: JoinHandle<()>,
+}
+
+/// Starts the tasks of a new connection to `peer`.
+pub fn start(
+    peer: u64,
+    conn: Connection,
+    max_frame: usize,
+    inbox: mpsc::UnboundedSender<Event>,
+    budget: Arc<Semaphore>,
+    budget_max: u32,
+) -> Peer {
+    let (tx, mut objects) = mpsc::unbounded_channel::<Vec<EncodedFrame>>();
+    let (frames_tx, frames_rx) = mpsc::channel(WRITE_QUEUE);
+    let writer = tokio::spawn(async move {
+        let forward = async move {
+            while let Some(frames) = objects.recv().await {
+                for frame in frames {
+                    if frames_tx.send(frame).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        };
+        let stats = WriteBatch::default();
+        let write = write_frames(conn.writer, frames_rx, &stats);
+        // The writer ends when the forwarder (and so every sender) is gone
+        // and everything queued is written, or when the socket fails.
+        let (_, written) = tokio::join!(forward, write);
+        if let Err(e) = written {
+            tracing::debug!(peer, "queue writer stopped: {e}");
+        }
+    });
+    let reader = tokio::spawn(read(
+        peer,
+        FrameReader::new(conn.reader, max_frame),
+        inbox,
+        budget,
+        budget_max,
+    ));
+    Peer { tx, reader, writer }
+}
+
+async fn read(
+    peer: u64,
+    mut frames: FrameReader,
+    inbox: mpsc::UnboundedSender<Event>,
+    budget: Arc<Semaphore>,
+    budget_max: u32,
+) {
+    let mut assembler = Assembler::default();
+    let reason = loop {
+        let msg = match frames.next().await {
+            Ok(Some(Decoded::Message(msg))) => msg,
+            Ok(Some(other)) => break format!("peer sent an invalid frame: {other:?}"),
+            Ok(None) => break "the peer closed the connection".to_owned(),
+            Err(e) => break format!("the connection failed: {e}"),
+        };
+        match assembler.push(msg) {
+            Ok(None) => {}
+            Ok(Some(received)) => {
+                // Bounded memory: wait for room in the inbox's byte budget
+                // (an object larger than the whole budget takes all of it).
+                let permits = u32::try_from(received.size())
+                    .unwrap_or(u32::MAX)
+                    .clamp(1, budget_max);
+                let Ok(permit) = budget.acquire_many(permits).await else {
+                    return;
+                };
+                permit.forget();
+                let event = Event::Object {
+                    peer,
+                    received,
+                    permits,
+                };
+                if inbox.send(event).is_err() {
+                    return;
+                }
+            }
+            Err(e) => break format!("the peer broke the queue framing: {e}"),
+        }
+    };
+    let _ = inbox.send(Event::Left { peer, reason });
+}
