@@ -30,6 +30,14 @@ cargo test --workspace --locked 2>&1 | tee target/test-output.txt
 passed=$(grep -Eo '^test result: ok\. [0-9]+ passed' target/test-output.txt | awk '{s+=$4} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed' target/test-output.txt | awk '{s+=$1} END {print s+0}')
 
+step "python package (bindings/python: release build, virtual environment, pytest)"
+bash scripts/python-test.sh 2>&1 | tee target/python-test-output.txt
+py_summary=$(grep -E '^[0-9]+ (passed|failed)|^=* ?[0-9]+ (passed|failed)' target/python-test-output.txt | tail -1)
+py_passed=$(echo "$py_summary" | grep -Eo '[0-9]+ passed' | awk '{print $1+0}')
+py_failed=$(echo "$py_summary" | grep -Eo '[0-9]+ failed' | awk '{print $1+0}')
+passed=$((passed + ${py_passed:-0}))
+failed=$((failed + ${py_failed:-0}))
+
 fuzz_seconds="${FUZZ_SECONDS:-20}"
 if [ "$fuzz_seconds" != "0" ]; then
     step "fuzz smoke run (${fuzz_seconds}s)"

@@ -350,25 +350,15 @@ impl PyClient {
         callback: Option<Py<PyAny>>,
         buffer: Option<usize>,
     ) -> PyResult<PySubscription> {
+        let sub = self.run(py, |c| async move {
+            match buffer {
+                Some(n) => c.subscribe_with_buffer(&topic, n).await,
+                None => c.subscribe(&topic).await,
+            }
+        })?;
         match callback {
-            Some(callback) => {
-                let handle = self.run(py, |c| async move {
-                    c.subscribe_with(&topic, move |m: Message| {
-                        handler::call_subscriber(&callback, m)
-                    })
-                    .await
-                })?;
-                Ok(PySubscription::with_callback(handle))
-            }
-            None => {
-                let sub = self.run(py, |c| async move {
-                    match buffer {
-                        Some(n) => c.subscribe_with_buffer(&topic, n).await,
-                        None => c.subscribe(&topic).await,
-                    }
-                })?;
-                Ok(PySubscription::pull(sub))
-            }
+            Some(callback) => PySubscription::with_callback(sub, callback),
+            None => Ok(PySubscription::pull(sub)),
         }
     }
 

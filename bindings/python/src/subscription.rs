@@ -3,16 +3,44 @@
 use std::sync::{Mutex, PoisonError};
 
 use pyo3::prelude::*;
-use tubeway::{Subscription, SubscriptionHandle, Worker};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tubeway::{Message, Subscription, Worker};
 
-use crate::errors;
 use crate::message::PyMessage;
 use crate::runtime::{seconds, wait};
+use crate::{errors, handler};
 
 #[derive(Debug)]
 enum Kind {
     Pull(Subscription),
-    Callback(SubscriptionHandle),
+    Callback {
+        stop: oneshot::Sender<()>,
+        task: JoinHandle<tubeway::Result<()>>,
+    },
+}
+
+/// Feeds each delivery to `callback` on a blocking-pool thread, one at a
+/// time and in order, until stopped; then unsubscribes. A delivery being
+/// handled when the stop comes is finished first.
+async fn pump(
+    mut sub: Subscription,
+    callback: Py<PyAny>,
+    mut stop: oneshot::Receiver<()>,
+) -> tubeway::Result<()> {
+    let callback = std::sync::Arc::new(callback);
+    loop {
+        let msg: Message = tokio::select! {
+            _ = &mut stop => break,
+            next = sub.recv() => match next {
+                Some(msg) => msg,
+                None => return Ok(()),
+            },
+        };
+        let callback = callback.clone();
+        let _ = tokio::task::spawn_blocking(move || handler::call_subscriber(&callback, msg)).await;
+    }
+    sub.unsubscribe().await
 }
 
 /// A subscription to a topic. Use it as a context manager, or call
@@ -34,12 +62,17 @@ impl PySubscription {
         }
     }
 
-    pub fn with_callback(handle: SubscriptionHandle) -> Self {
-        PySubscription {
-            topic: handle.topic().to_owned(),
-            id: handle.id().to_string(),
-            inner: Mutex::new(Some(Kind::Callback(handle))),
-        }
+    /// A subscription whose deliveries go to `callback`.
+    pub fn with_callback(sub: Subscription, callback: Py<PyAny>) -> PyResult<Self> {
+        let topic = sub.topic().to_owned();
+        let id = sub.id().to_string();
+        let (stop, stopped) = oneshot::channel();
+        let task = crate::runtime::spawn(pump(sub, callback, stopped))?;
+        Ok(PySubscription {
+            topic,
+            id,
+            inner: Mutex::new(Some(Kind::Callback { stop, task })),
+        })
     }
 
     fn take(&self) -> Option<Kind> {
@@ -119,7 +152,15 @@ impl PySubscription {
     pub fn unsubscribe(&self, py: Python<'_>) -> PyResult<()> {
         let result = match self.take() {
             Some(Kind::Pull(sub)) => wait(py, sub.unsubscribe())?,
-            Some(Kind::Callback(handle)) => wait(py, handle.unsubscribe())?,
+            Some(Kind::Callback { stop, task }) => {
+                let _ = stop.send(());
+                match wait(py, task)? {
+                    Ok(result) => result,
+                    Err(e) => Err(tubeway::Error::Runtime(format!(
+                        "subscriber task failed: {e}"
+                    ))),
+                }
+            }
             None => return Ok(()),
         };
         match result {

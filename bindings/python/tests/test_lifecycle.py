@@ -1,0 +1,85 @@
+"""Ctrl-C, fork and the GIL: what blocking calls do for the rest of Python."""
+
+from __future__ import annotations
+
+import _thread
+import os
+import threading
+import time
+
+import pytest
+
+import tubeway
+
+
+def interrupt_soon() -> threading.Timer:
+    """Raises KeyboardInterrupt in the main thread shortly, as Ctrl-C does."""
+    t = threading.Timer(0.3, _thread.interrupt_main)
+    t.start()
+    return t
+
+
+def test_ctrl_c_interrupts_a_blocking_poll(client: tubeway.Client) -> None:
+    client.create_queue("q")
+    start = time.monotonic()
+    t = interrupt_soon()
+    with pytest.raises(KeyboardInterrupt):
+        client.poll("q", timeout=60)
+    t.join()
+    assert time.monotonic() - start < 10
+    # The client is still usable. (Not with "q": the broker knows nothing of
+    # the interruption and keeps the poll waiting until its timeout.)
+    client.create_queue("q2")
+    client.offer("q2", "x")
+    assert client.poll("q2").text == "x"
+
+
+def test_ctrl_c_interrupts_queue_get_and_recv(client: tubeway.Client) -> None:
+    with tubeway.queue("tcp://127.0.0.1:0", "server") as q:
+        t = interrupt_soon()
+        with pytest.raises(KeyboardInterrupt):
+            q.get()
+        t.join()
+    client.create_topic("t")
+    with client.subscribe("t") as sub:
+        t = interrupt_soon()
+        with pytest.raises(KeyboardInterrupt):
+            sub.recv()
+        t.join()
+
+
+def test_the_gil_is_released_while_waiting(client: tubeway.Client) -> None:
+    client.create_queue("q")
+    counted = 0
+    stop = threading.Event()
+
+    def count() -> None:
+        nonlocal counted
+        while not stop.is_set():
+            counted += 1
+
+    t = threading.Thread(target=count)
+    t.start()
+    with pytest.raises(tubeway.QueueEmpty):
+        client.poll("q", timeout=0.5)
+    before = counted
+    stop.set()
+    t.join()
+    assert before > 10_000, "the other thread barely ran while we waited"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_gets_a_clear_error(tcp_server: tubeway.Server) -> None:
+    with tubeway.Client(tcp_server.url) as c:
+        c.ping()  # the runtime runs in this process now
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            tubeway.Client(tcp_server.url)
+        except tubeway.Error as e:
+            code = 0 if "forked" in str(e) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
