@@ -151,21 +151,28 @@ async fn write_all_vectored(
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
-        let mut left = n;
-        while left > 0 {
-            let Some(front) = chunks.front_mut() else {
-                break;
-            };
-            if front.len() <= left {
-                left -= front.len();
-                chunks.pop_front();
-            } else {
-                front.advance(left);
-                left = 0;
-            }
-        }
+        consume(chunks, n);
     }
     Ok(())
+}
+
+/// Drops the first `written` bytes of `chunks`, as a vectored write of them
+/// took them: whole chunks are removed, a partly written one is advanced.
+/// For writers that keep their own queue of chunks (as [`write_frames`] does).
+pub fn consume(chunks: &mut VecDeque<Bytes>, written: usize) {
+    let mut left = written;
+    while left > 0 {
+        let Some(front) = chunks.front_mut() else {
+            break;
+        };
+        if front.len() <= left {
+            left -= front.len();
+            chunks.pop_front();
+        } else {
+            front.advance(left);
+            left = 0;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -208,6 +215,25 @@ mod tests {
         assert!(r.next().await.unwrap().is_none());
         writer.await.unwrap().unwrap();
         assert_eq!(stats.frames.load(Ordering::Relaxed), 100);
+    }
+
+    #[test]
+    fn consume_removes_written_bytes() {
+        let mut chunks: VecDeque<Bytes> = [&b"abc"[..], b"de", b"fgh"]
+            .into_iter()
+            .map(Bytes::from_static)
+            .collect();
+        consume(&mut chunks, 0);
+        assert_eq!(chunks.len(), 3);
+        consume(&mut chunks, 4);
+        assert_eq!(
+            chunks,
+            [Bytes::from_static(b"e"), Bytes::from_static(b"fgh")]
+        );
+        consume(&mut chunks, 2);
+        assert_eq!(chunks, [Bytes::from_static(b"gh")]);
+        consume(&mut chunks, 10);
+        assert!(chunks.is_empty());
     }
 
     #[tokio::test]

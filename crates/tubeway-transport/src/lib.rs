@@ -14,5 +14,5 @@ mod mem;
 mod url;
 
 pub use conn::{connect, BoxRead, BoxWrite, Connection, Listener};
-pub use framed::{write_frames, FrameReader, ReadError, WriteBatch};
+pub use framed::{consume, write_frames, FrameReader, ReadError, WriteBatch};
 pub use url::{Url, UrlError};
