@@ -24,6 +24,9 @@ PICKLE = "application/x-python-pickle"
 JSON = "application/json"
 MSGPACK = "application/msgpack"
 
+#: Bytes-like objects smaller than this travel inside the head frame.
+INLINE_BELOW = 64 * 1024
+
 #: What the numpy array reconstructors are called, in numpy 1.x and 2.x.
 NUMPY_GLOBALS: FrozenSet[str] = frozenset(
     {
@@ -105,6 +108,8 @@ class Serializer:
                     obj = memoryview(obj)
                 except TypeError as e:
                     raise SerializationError(f"raw serializer needs a bytes-like object: {e}") from None
+            if memoryview(obj).nbytes < INLINE_BELOW:
+                return RAW, obj, []  # one frame: copied, which is cheaper when small
             return RAW, b"", [obj]
         if name in ("auto", "pickle"):
             buffers: List[Any] = []

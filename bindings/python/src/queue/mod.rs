@@ -5,6 +5,7 @@
 
 mod framing;
 mod peer;
+mod writer;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -101,10 +102,7 @@ impl Drop for PutDone {
 }
 
 impl PyEndpoint {
-    fn senders(
-        &self,
-        peers: &[u64],
-    ) -> PyResult<Vec<mpsc::UnboundedSender<Vec<tubeway_proto::EncodedFrame>>>> {
+    fn senders(&self, peers: &[u64]) -> PyResult<Vec<Arc<writer::Writer>>> {
         let state = self
             .shared
             .peers
@@ -117,12 +115,12 @@ impl PyEndpoint {
             if state.live.is_empty() {
                 return Err(errors::ConnectionClosed::new_err("no peer is connected"));
             }
-            return Ok(state.live.values().map(|p| p.tx.clone()).collect());
+            return Ok(state.live.values().map(|p| p.writer.clone()).collect());
         }
         peers
             .iter()
             .map(|id| {
-                state.live.get(id).map(|p| p.tx.clone()).ok_or_else(|| {
+                state.live.get(id).map(|p| p.writer.clone()).ok_or_else(|| {
                     errors::ConnectionClosed::new_err(format!("peer {id} is not connected"))
                 })
             })
@@ -309,11 +307,12 @@ impl PyEndpoint {
             framing::encode(mimetype, head, parts, self.shared.max_frame).map_err(|e| {
                 errors::TooLarge::new_err(format!("cannot send an object of {total} bytes: {e}"))
             })?;
-        for tx in senders {
-            // A peer that left meanwhile is reported by get().
-            let _ = tx.send(frames.clone());
-        }
-        drop(frames);
+        py.detach(move || {
+            for writer in senders {
+                // A peer that failed meanwhile is reported by get().
+                let _ = writer.send(frames.clone());
+            }
+        });
         match future {
             Some(f) => Ok(f),
             None => done_future(py),
@@ -429,10 +428,9 @@ impl PyEndpoint {
         wait(py, async move {
             let flush = async {
                 for p in peers {
-                    let Peer { tx, reader, writer } = p;
-                    drop(tx);
-                    let _ = writer.await;
-                    reader.abort();
+                    p.writer.close();
+                    let _ = p.writer_task.await;
+                    p.reader.abort();
                 }
             };
             let _ = tokio::time::timeout(timeout, flush).await;

@@ -5,13 +5,11 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
-use tubeway_proto::{Decoded, EncodedFrame};
-use tubeway_transport::{write_frames, Connection, FrameReader, WriteBatch};
+use tubeway_proto::Decoded;
+use tubeway_transport::{Connection, FrameReader};
 
 use super::framing::{Assembler, Received};
-
-/// Frames queued for one connection's writer before the forwarder waits.
-const WRITE_QUEUE: usize = 256;
+use super::writer::Writer;
 
 /// What a reader reports to the endpoint's inbox.
 #[derive(Debug)]
@@ -26,16 +24,16 @@ pub enum Event {
     Left { peer: u64, reason: String },
 }
 
-/// The sending side of one peer.
+/// One connected peer.
 #[derive(Debug)]
 pub struct Peer {
-    /// Objects to send, each as its frames; unbounded so `put` never blocks.
-    pub tx: mpsc::UnboundedSender<Vec<EncodedFrame>>,
+    /// Where its objects are sent; never blocks the sender.
+    pub writer: Arc<Writer>,
+    pub writer_task: JoinHandle<()>,
     pub reader: JoinHandle<()>,
-    pub writer: JoinHandle<()>,
 }
 
-/// Starts the tasks of a new connection to `peer`.
+/// Starts the tasks of a new connection to `peer`. Must run on the runtime.
 pub fn start(
     peer: u64,
     conn: Connection,
@@ -44,27 +42,8 @@ pub fn start(
     budget: Arc<Semaphore>,
     budget_max: u32,
 ) -> Peer {
-    let (tx, mut objects) = mpsc::unbounded_channel::<Vec<EncodedFrame>>();
-    let (frames_tx, frames_rx) = mpsc::channel(WRITE_QUEUE);
-    let writer = tokio::spawn(async move {
-        let forward = async move {
-            while let Some(frames) = objects.recv().await {
-                for frame in frames {
-                    if frames_tx.send(frame).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        };
-        let stats = WriteBatch::default();
-        let write = write_frames(conn.writer, frames_rx, &stats);
-        // The writer ends when the forwarder (and so every sender) is gone
-        // and everything queued is written, or when the socket fails.
-        let (_, written) = tokio::join!(forward, write);
-        if let Err(e) = written {
-            tracing::debug!(peer, "queue writer stopped: {e}");
-        }
-    });
+    let writer = Writer::new(conn.writer);
+    let writer_task = tokio::spawn(writer.clone().run());
     let reader = tokio::spawn(read(
         peer,
         FrameReader::new(conn.reader, max_frame),
@@ -72,7 +51,11 @@ pub fn start(
         budget,
         budget_max,
     ));
-    Peer { tx, reader, writer }
+    Peer {
+        writer,
+        writer_task,
+        reader,
+    }
 }
 
 async fn read(
