@@ -50,7 +50,10 @@ fn exception_text(py: Python<'_>, e: &PyErr) -> HandlerError {
 
 /// Runs a blocking handler on the blocking pool of the current runtime, so
 /// an I/O thread never waits for the GIL or for Python code.
-pub async fn off_io_thread(handler: Py<PyAny>, msg: Message) -> Result<Message, HandlerError> {
+pub async fn off_io_thread(
+    handler: std::sync::Arc<Py<PyAny>>,
+    msg: Message,
+) -> Result<Message, HandlerError> {
     tokio::task::spawn_blocking(move || call_function(&handler, msg))
         .await
         .map_err(|e| HandlerError::from(format!("handler failed: {e}")))?

@@ -104,9 +104,9 @@ impl PyServer {
     fn create_function(&self, name: &str, handler: Py<PyAny>) -> PyResult<()> {
         let handler = Arc::new(handler);
         self.broker()?
+            // Cloning the Arc, not the Python object: no GIL on the I/O thread.
             .create_async_function(name, move |m: Message| {
-                let handler = Python::attach(|py| handler.clone_ref(py));
-                handler::off_io_thread(handler, m)
+                handler::off_io_thread(handler.clone(), m)
             })
             .map_err(broker_error)
     }

@@ -242,3 +242,34 @@ def test_msgpack_is_only_needed_when_used() -> None:
 def test_repr(pair: Tuple[tubeway.Queue, tubeway.Queue]) -> None:
     server, client = pair
     assert "server" in repr(server) and "client" in repr(client)
+
+
+def test_concurrent_gets_each_keep_their_timeout(pair: Tuple[tubeway.Queue, tubeway.Queue]) -> None:
+    server, client = pair
+    outcome = []
+
+    def long_get() -> None:
+        outcome.append(server.get(timeout=30))
+
+    t = threading.Thread(target=long_get)
+    t.start()
+    start = time.monotonic()
+    with pytest.raises(tubeway.Timeout):
+        server.get(timeout=0.3)
+    assert time.monotonic() - start < 5
+    client.put("for the long one")
+    t.join(10)
+    assert outcome and outcome[0][1] == "for the long one"
+
+
+def test_handlers_do_not_hold_the_io_threads(addresses: Addresses) -> None:
+    # A Python thread holding the GIL for long must not stop the queue's I/O:
+    # objects keep arriving in the inbox meanwhile.
+    with tubeway.queue(addresses.new(), "server") as s, tubeway.queue(s.url, "client") as c:
+        for i in range(100):
+            c.put(i)
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:  # busy in Python, holding the GIL
+            pass
+        got = [s.get(timeout=0)[1] for _ in range(100)]
+        assert got == list(range(100))

@@ -102,6 +102,14 @@ impl Drop for PutDone {
 }
 
 impl PyEndpoint {
+    fn is_closed(&self) -> bool {
+        self.shared
+            .peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .closed
+    }
+
     fn senders(&self, peers: &[u64]) -> PyResult<Vec<Arc<writer::Writer>>> {
         let state = self
             .shared
@@ -307,12 +315,19 @@ impl PyEndpoint {
             framing::encode(mimetype, head, parts, self.shared.max_frame).map_err(|e| {
                 errors::TooLarge::new_err(format!("cannot send an object of {total} bytes: {e}"))
             })?;
-        py.detach(move || {
-            for writer in senders {
-                // A peer that failed meanwhile is reported by get().
-                let _ = writer.send(frames.clone());
-            }
+        let sent = py.detach(move || {
+            senders
+                .iter()
+                .filter(|w| w.send(frames.clone()).is_ok())
+                .count()
         });
+        // Some peers may have failed meanwhile; get() reports each. When
+        // none took the object, nothing will be delivered: say so now.
+        if sent == 0 {
+            return Err(errors::ConnectionClosed::new_err(
+                "no peer could take the object: the connection is closed",
+            ));
+        }
         match future {
             Some(f) => Ok(f),
             None => done_future(py),
@@ -328,9 +343,14 @@ impl PyEndpoint {
         let timeout = seconds(timeout)?;
         let shared = self.shared.clone();
         let server = self.server;
+        if self.is_closed() {
+            return Err(errors::closed("queue"));
+        }
         let event = wait(py, async {
-            let mut inbox = self.inbox.lock().await;
             let next = async {
+                // Another thread's get() may hold the inbox: that wait counts
+                // against this timeout too.
+                let mut inbox = self.inbox.lock().await;
                 if let Ok(ev) = inbox.try_recv() {
                     return Some(ev);
                 }
@@ -350,19 +370,12 @@ impl PyEndpoint {
         })?;
         match event {
             Err(()) => Err(errors::Timeout::new_err("no object arrived in time")),
-            Ok(None) => Err(
-                if self
-                    .shared
-                    .peers
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .closed
-                {
-                    errors::closed("queue")
-                } else {
-                    errors::ConnectionClosed::new_err("the server is gone")
-                },
-            ),
+            Ok(None) => Err(if self.is_closed() {
+                errors::closed("queue")
+            } else {
+                errors::ConnectionClosed::new_err("the server is gone")
+            }),
+            Ok(Some(Event::Left { .. })) if self.is_closed() => Err(errors::closed("queue")),
             Ok(Some(Event::Left { peer, reason })) => {
                 let removed = self
                     .shared
