@@ -9,7 +9,7 @@ use tokio_util::task::TaskTracker;
 use tubeway_proto::name;
 use tubeway_proto::ops::{FunctionStatus, QueueKind, QueueStatus, Stats, TopicStatus};
 use tubeway_proto::{Message, ResponseStatus};
-use tubeway_transport::{Listener, Url};
+use tubeway_transport::{Connection, Listener, Url};
 use uuid::Uuid;
 
 use crate::config::BrokerConfig;
@@ -323,10 +323,7 @@ impl Broker {
                     a = listener.accept() => a,
                 };
                 match accepted {
-                    Ok(conn) => {
-                        let inner2 = inner.clone();
-                        inner.tracker.spawn(crate::session::run(inner2, conn));
-                    }
+                    Ok(conn) => serve(&inner, conn),
                     Err(e) => {
                         // Out of descriptors or similar: back off instead of spinning.
                         tracing::warn!(error = %e, "accept failed");
@@ -541,6 +538,48 @@ impl Broker {
         for q in read(&self.inner.queues).values() {
             q.close();
         }
+    }
+}
+
+/// Starts serving a connection: on the broker's runtime when its reader
+/// sleeps between requests, on a thread of its own when it spins, so a
+/// spinning connection never holds up the others.
+fn serve(inner: &Arc<Inner>, conn: Connection) {
+    let wait = inner.config.wait.unwrap_or(conn.default_wait);
+    if !wait.spins() {
+        inner
+            .tracker
+            .spawn(crate::session::run(inner.clone(), conn, wait));
+        return;
+    }
+    let session = inner
+        .tracker
+        .track_future(crate::session::run(inner.clone(), conn, wait));
+    let spawned = std::thread::Builder::new()
+        .name("tubeway-session".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start a session runtime; connection dropped");
+                    return;
+                }
+            };
+            rt.block_on(async {
+                session.await;
+                // Requests of this connection still running (oneway calls,
+                // say) finish here rather than being dropped with the runtime.
+                let handle = tokio::runtime::Handle::current();
+                while handle.metrics().num_alive_tasks() > 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            });
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start a session thread; connection dropped");
     }
 }
 

@@ -1,6 +1,7 @@
 use std::time::Duration;
 
 use tubeway_proto::{DEFAULT_MAX_MESSAGE_SIZE, MAX_MESSAGE_SIZE_LIMIT};
+use tubeway_transport::WaitStrategy;
 
 /// Broker settings. Defaults are safe for a shared machine.
 #[derive(Clone, Debug)]
@@ -23,6 +24,13 @@ pub struct BrokerConfig {
     pub shutdown_timeout: Duration,
     /// Name reported in the handshake.
     pub server_name: String,
+    /// How connections wait for their next request; `None` takes each
+    /// transport's own default (sleep in the kernel, for sockets). A spinning
+    /// strategy is the socket latency mode: each such connection is served
+    /// by a thread of its own that polls instead of sleeping, which cuts a
+    /// wake-up out of every request at the price of a busy core per
+    /// connection while it is active (see [`WaitStrategy`]).
+    pub wait: Option<WaitStrategy>,
 }
 
 impl Default for BrokerConfig {
@@ -36,6 +44,7 @@ impl Default for BrokerConfig {
             handshake_timeout: Duration::from_secs(10),
             shutdown_timeout: Duration::from_secs(5),
             server_name: concat!("tubeway/", env!("CARGO_PKG_VERSION")).to_owned(),
+            wait: None,
         }
     }
 }
@@ -62,6 +71,12 @@ impl BrokerConfig {
     /// Sets the shutdown grace period.
     pub fn shutdown_timeout(mut self, d: Duration) -> Self {
         self.shutdown_timeout = d;
+        self
+    }
+
+    /// Sets how every connection waits for requests (see [`BrokerConfig::wait`]).
+    pub fn wait(mut self, wait: WaitStrategy) -> Self {
+        self.wait = Some(wait);
         self
     }
 

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{oneshot, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tubeway_proto::ops::{self, Hello, Welcome};
@@ -21,7 +21,7 @@ use tubeway_proto::{
     codec, Decoded, EncodedFrame, Message, MessageType, PayloadKind, ResponseStatus, MIME_JSON,
     MIME_TEXT, PROTOCOL_VERSION,
 };
-use tubeway_transport::{write_frames, Connection, FrameReader, ReadError, WriteBatch};
+use tubeway_transport::{Connection, FrameReader, FrameWriter, ReadError, WaitStrategy};
 use uuid::Uuid;
 
 use crate::access::{self, Identity};
@@ -30,8 +30,6 @@ use crate::function::{Function, WorkerRef};
 use crate::queue::QueueError;
 use crate::stats::Counters;
 
-/// Frames queued for one connection's writer before responders wait.
-const WRITE_QUEUE: usize = 1024;
 /// Largest per-subscriber buffer a client may ask for.
 const MAX_SUBSCRIBER_BUFFER: u64 = 1 << 20;
 /// How long a closing connection's writer may take to flush.
@@ -91,7 +89,7 @@ pub(crate) struct SessionShared {
     pub id: u64,
     peer: String,
     inner: Arc<Inner>,
-    writer: mpsc::Sender<EncodedFrame>,
+    writer: FrameWriter,
     worker_calls: Mutex<HashMap<Uuid, oneshot::Sender<Message>>>,
     /// Cancelled when the peer is gone: waiting requests stop at once.
     gone: CancellationToken,
@@ -104,7 +102,7 @@ impl SessionShared {
             return false;
         }
         let max = self.inner.config.max_message_size;
-        let frame = match codec::encode(msg, max) {
+        let frame: EncodedFrame = match codec::encode(msg, max) {
             Ok(f) => f,
             Err(e) => {
                 tracing::warn!(peer = %self.peer, error = %e, "cannot encode outgoing message");
@@ -123,10 +121,14 @@ impl SessionShared {
                 }
             }
         };
+        // Counted before it is written: once written, the peer may already
+        // be asking for statistics that must include it.
+        let out = &self.inner.counters.messages_out;
+        Counters::inc(out);
         if self.writer.send(frame).await.is_err() {
+            out.fetch_sub(1, Ordering::Relaxed);
             return false;
         }
-        Counters::inc(&self.inner.counters.messages_out);
         true
     }
 
@@ -223,31 +225,30 @@ struct Session {
     owned: Owned,
 }
 
-/// Serves one connection until it closes or the broker shuts down.
-pub(crate) async fn run(inner: Arc<Inner>, conn: Connection) {
+/// Serves one connection until it closes or the broker shuts down; its
+/// reader waits for requests by `wait`.
+pub(crate) async fn run(inner: Arc<Inner>, conn: Connection, wait: WaitStrategy) {
     let Connection {
         reader,
         writer,
         peer,
+        ..
     } = conn;
     let id = inner.next_conn_id();
     Counters::inc(&inner.counters.connections_total);
     let live = inner.counters.connections.fetch_add(1, Ordering::Relaxed) + 1;
-    let (tx, rx) = mpsc::channel(WRITE_QUEUE);
-    let batch = Arc::new(WriteBatch::default());
-    let writer_task = {
-        let batch = batch.clone();
-        tokio::spawn(async move { write_frames(writer, rx, &batch).await })
-    };
+    let (writer, flusher) = FrameWriter::new(writer);
+    let writer_task = tokio::spawn(flusher);
     let shared = Arc::new(SessionShared {
         id,
         peer: peer.clone(),
         inner: inner.clone(),
-        writer: tx,
+        writer,
         worker_calls: Mutex::default(),
         gone: CancellationToken::new(),
     });
     let mut reader = FrameReader::new(reader, inner.config.max_message_size);
+    reader.set_wait_strategy(wait);
     let over_limit = live > inner.config.max_connections as u64;
 
     if handshake(&inner, &shared, &mut reader, over_limit).await {
@@ -261,47 +262,68 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Connection) {
         };
         session.serve(&mut reader).await;
         session.close().await;
-    } else {
-        Counters::inc(&inner.counters.connections_rejected);
     }
     shared.gone.cancel();
+    shared.writer.close();
     drop(shared);
     drop(reader);
-    // The writer ends once every holder of the session is gone; a peer that
-    // stopped reading must not hold the task forever.
+    // The writer flushes what is queued and ends; a peer that stopped
+    // reading must not hold the task forever.
+    let abort = writer_task.abort_handle();
     match tokio::time::timeout(FLUSH_TIMEOUT, writer_task).await {
         Ok(Ok(Err(e))) => tracing::debug!(conn = id, error = %e, "writer ended"),
-        Err(_) => tracing::debug!(conn = id, "writer did not flush in time"),
+        Err(_) => {
+            abort.abort();
+            tracing::debug!(conn = id, "writer did not flush in time");
+        }
         _ => {}
     }
     inner.counters.connections.fetch_sub(1, Ordering::Relaxed);
     tracing::debug!(conn = id, %peer, "closed");
 }
 
-/// Reads `hello` and answers it. False when the connection must close.
+/// Reads `hello` and answers it. False when the connection must close,
+/// counted as rejected.
 async fn handshake(
     inner: &Inner,
     shared: &SessionShared,
     reader: &mut FrameReader,
     over_limit: bool,
 ) -> bool {
+    // Counted before any refusal is written: a client that reads it may ask
+    // for statistics at once.
+    let mut rejected = Some(&inner.counters.connections_rejected);
+    let mut reject = || {
+        if let Some(c) = rejected.take() {
+            Counters::inc(c);
+        }
+    };
     let first = tokio::select! {
-        _ = inner.shutdown.cancelled() => return false,
+        _ = inner.shutdown.cancelled() => {
+            reject();
+            return false;
+        }
         r = tokio::time::timeout(inner.config.handshake_timeout, reader.next()) => r,
     };
     let hello = match first {
         Err(_) => {
+            reject();
             tracing::info!(peer = %shared.peer, "no hello in time; closing");
             return false;
         }
         Ok(Ok(Some(Decoded::Message(m)))) => m,
-        Ok(Ok(None)) => return false,
+        Ok(Ok(None)) => {
+            reject();
+            return false;
+        }
         Ok(Ok(Some(other))) => {
+            reject();
             tracing::warn!(peer = %shared.peer, frame = ?other, "bad first frame; closing");
             send_uncorrelated(shared, ResponseStatus::BadRequest, "expected hello").await;
             return false;
         }
         Ok(Err(e)) => {
+            reject();
             report_read_error(shared, &e).await;
             return false;
         }
@@ -349,9 +371,14 @@ async fn handshake(
     };
     let ok = outcome.is_ok();
     if let Err(e) = &outcome {
+        reject();
         tracing::info!(peer = %shared.peer, reason = %e.reason, "handshake refused");
     }
-    shared.answer(&to, outcome.map(|w| to.json(&w))).await && ok
+    if !shared.answer(&to, outcome.map(|w| to.json(&w))).await {
+        reject();
+        return false;
+    }
+    ok
 }
 
 async fn send_uncorrelated(shared: &SessionShared, status: ResponseStatus, reason: &str) {

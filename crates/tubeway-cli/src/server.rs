@@ -23,9 +23,12 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         ))
         .into());
     }
-    let config = BrokerConfig::default()
+    let mut config = BrokerConfig::default()
         .max_message_size(usize::try_from(args.max_message_size)?)
         .max_connections(usize::try_from(args.max_connections).unwrap_or(usize::MAX));
+    if let Some(wait) = args.wait {
+        config = config.wait(wait);
+    }
     let broker = Broker::new(config);
     // The request itself is the answer: payload, mimetype, charset and subject.
     broker

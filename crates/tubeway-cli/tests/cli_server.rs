@@ -202,3 +202,25 @@ fn help_documents_the_exit_statuses() {
     run(tubeway().args(["poll", "--help"])).ok();
     run(tubeway().arg("--version")).ok();
 }
+
+#[test]
+fn latency_mode_serves_every_connection() {
+    // Spin then park: the test runs beside others on few cores.
+    let server = Server::start_with(&["--wait", "spin-park:200us"]);
+    for url in [&server.tcp, &server.unix] {
+        let out = run(tubeway().args(["call", "echo", "polled", "--url", url]));
+        assert_eq!(out.ok(), "polled\n");
+    }
+    server
+        .run(&["queue", "create", "lm", "--capacity", "2"])
+        .ok();
+    server.run(&["offer", "lm", "one"]).ok();
+    assert_eq!(server.run(&["poll", "lm"]).ok(), "one\n");
+}
+
+#[test]
+fn bad_wait_strategy_is_a_usage_error() {
+    let out = run(tubeway().args(["server", "--wait", "nap"]));
+    let err = out.fails_with(2);
+    assert!(err.contains("bad wait strategy"), "{err}");
+}

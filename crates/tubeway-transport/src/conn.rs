@@ -2,25 +2,22 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
 use crate::mem::{self, MemListener};
-use crate::Url;
-
-/// The read half of a connection.
-pub type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
-/// The write half of a connection.
-pub type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
+use crate::stream::{self, ReadHalf, WriteHalf};
+use crate::{Url, WaitStrategy};
 
 /// An established byte stream on any transport.
 pub struct Connection {
     /// Read half.
-    pub reader: BoxRead,
+    pub reader: ReadHalf,
     /// Write half.
-    pub writer: BoxWrite,
+    pub writer: WriteHalf,
     /// The peer, for logs: an address, a socket path, or a mem name.
     pub peer: String,
+    /// How this transport's readers wait unless told otherwise.
+    pub default_wait: WaitStrategy,
 }
 
 impl std::fmt::Debug for Connection {
@@ -38,29 +35,22 @@ impl Connection {
         let peer = s
             .peer_addr()
             .map_or_else(|_| "tcp:?".to_owned(), |a| format!("tcp://{a}"));
-        let (r, w) = s.into_split();
+        let (reader, writer) = stream::tcp(s);
         Ok(Connection {
-            reader: Box::new(r),
-            writer: Box::new(w),
+            reader,
+            writer,
             peer,
+            default_wait: WaitStrategy::PARK,
         })
     }
 
     fn unix(s: UnixStream, peer: String) -> Self {
-        let (r, w) = s.into_split();
+        let (reader, writer) = stream::unix(s);
         Connection {
-            reader: Box::new(r),
-            writer: Box::new(w),
+            reader,
+            writer,
             peer,
-        }
-    }
-
-    fn mem(s: tokio::io::DuplexStream, peer: String) -> Self {
-        let (r, w) = tokio::io::split(s);
-        Connection {
-            reader: Box::new(r),
-            writer: Box::new(w),
-            peer,
+            default_wait: WaitStrategy::PARK,
         }
     }
 }
@@ -75,7 +65,7 @@ pub async fn connect(url: &Url) -> io::Result<Connection> {
             UnixStream::connect(path).await?,
             url.to_string(),
         )),
-        Url::Mem(name) => Ok(Connection::mem(mem::connect(name).await?, url.to_string())),
+        Url::Mem(name) => Ok(Connection::unix(mem::connect(name).await?, url.to_string())),
     }
 }
 
@@ -151,7 +141,7 @@ impl Listener {
                 let (s, _) = listener.accept().await?;
                 Ok(Connection::unix(s, format!("unix://{}", path.display())))
             }
-            Inner::Mem(l) => Ok(Connection::mem(l.accept().await?, self.url.to_string())),
+            Inner::Mem(l) => Ok(Connection::unix(l.accept().await?, self.url.to_string())),
         }
     }
 }

@@ -1,22 +1,33 @@
+//! Frames over a byte stream: a reader that checks every length before it
+//! allocates, and a writer shared by every task that sends on a connection.
+
 use std::collections::VecDeque;
+use std::future::poll_fn;
 use std::io::{self, IoSlice};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{ready, Context, Poll};
+use std::time::Instant;
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 use tubeway_proto::{DecodeError, Decoded, Decoder, EncodedFrame};
 
-use crate::{BoxRead, BoxWrite};
+use crate::{ReadHalf, WaitStrategy, WriteHalf};
 
 /// Smallest read buffer; also the chunk size used while skipping an oversized frame.
 const READ_CHUNK: usize = 64 * 1024;
-/// A write batch stops growing past this many bytes...
+/// The flusher writes at most this many bytes per batch before accounting...
 const BATCH_BYTES: usize = 1 << 20;
-/// ...or this many frames.
-const BATCH_FRAMES: usize = 256;
 /// Slices passed to one `writev` (Linux's IOV_MAX is 1024).
 const MAX_IOV: usize = 512;
+/// Bytes a writer queues before senders wait: a stalled peer pushes back on
+/// the senders instead of growing memory. One frame is always accepted, so a
+/// frame larger than this still goes out, alone.
+pub const WRITE_QUEUE_BYTES: usize = 4 << 20;
+/// A spinning reader gives the runtime a turn at least this often, so timers
+/// and other tasks on its thread are not starved.
+const SPIN_SLICE: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Why reading frames stopped.
 #[derive(Debug, thiserror::Error)]
@@ -33,30 +44,45 @@ pub enum ReadError {
     UnexpectedEof(usize),
 }
 
-/// Reads frames from a byte stream, checking every length before allocating.
-pub struct FrameReader {
-    reader: BoxRead,
-    buf: BytesMut,
-    decoder: Decoder,
+/// Where a spinning reader is in its wait.
+#[derive(Debug, Default)]
+struct Spin {
+    /// Gave the runtime a turn since the last read: tasks woken by the last
+    /// frame (on this thread) run before this reader spins.
+    yielded: bool,
+    /// When this wait's spinning began.
+    started: Option<Instant>,
+    /// The spin budget is spent: sleep until the stream is readable.
+    parked: bool,
 }
 
-impl std::fmt::Debug for FrameReader {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FrameReader")
-            .field("buffered", &self.buf.len())
-            .field("decoder", &self.decoder)
-            .finish()
-    }
+/// Reads frames from a byte stream, checking every length before allocating.
+#[derive(Debug)]
+pub struct FrameReader {
+    reader: ReadHalf,
+    buf: BytesMut,
+    decoder: Decoder,
+    wait: WaitStrategy,
+    spin: Spin,
 }
 
 impl FrameReader {
-    /// Reads frames of at most `max_frame` bytes from `reader`.
-    pub fn new(reader: BoxRead, max_frame: usize) -> Self {
+    /// Reads frames of at most `max_frame` bytes from `reader`, sleeping
+    /// whenever nothing is there to read ([`WaitStrategy::PARK`]).
+    pub fn new(reader: ReadHalf, max_frame: usize) -> Self {
         FrameReader {
             reader,
             buf: BytesMut::with_capacity(READ_CHUNK),
             decoder: Decoder::new(max_frame),
+            wait: WaitStrategy::PARK,
+            spin: Spin::default(),
         }
+    }
+
+    /// Waits for data by `wait` from now on.
+    pub fn set_wait_strategy(&mut self, wait: WaitStrategy) {
+        self.wait = wait;
+        self.spin = Spin::default();
     }
 
     /// Changes the maximum for frames not yet started.
@@ -74,7 +100,7 @@ impl FrameReader {
             // never makes us reserve more than that.
             let want = self.decoder.wanted(&self.buf).max(READ_CHUNK);
             self.buf.reserve(want);
-            let n = self.reader.read_buf(&mut self.buf).await?;
+            let n = poll_fn(|cx| self.poll_fill(cx)).await?;
             if n == 0 {
                 if self.decoder.is_idle(&self.buf) {
                     return Ok(None);
@@ -83,95 +109,427 @@ impl FrameReader {
             }
         }
     }
+
+    /// Reads more bytes into the buffer, waiting by the strategy.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        loop {
+            match self.try_fill() {
+                Poll::Ready(r) => return Poll::Ready(r),
+                Poll::Pending => {}
+            }
+            if !self.wait.spins() || self.spin.parked {
+                // Readiness may be stale; tokio clears it on WouldBlock, so
+                // the next round registers for real.
+                ready!(self.reader.poll_read_ready(cx))?;
+                continue;
+            }
+            if !self.spin.yielded {
+                self.spin.yielded = true;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            let started = *self.spin.started.get_or_insert_with(Instant::now);
+            let slice_end = Instant::now() + SPIN_SLICE;
+            loop {
+                std::hint::spin_loop();
+                if let Poll::Ready(r) = self.try_fill() {
+                    return Poll::Ready(r);
+                }
+                let now = Instant::now();
+                if self.wait.spin().is_some_and(|b| now - started >= b) {
+                    break;
+                }
+                if now >= slice_end {
+                    self.spin.yielded = false;
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+            }
+            // The budget is spent.
+            if self.wait.parks() {
+                self.spin.parked = true;
+            } else {
+                std::thread::yield_now();
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+        }
+    }
+
+    /// One non-blocking read; `Pending` when nothing is there.
+    fn try_fill(&mut self) -> Poll<io::Result<usize>> {
+        match self.reader.try_read_buf(&mut self.buf) {
+            Ok(n) => {
+                self.spin = Spin::default();
+                Poll::Ready(Ok(n))
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Poll::Pending,
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
 }
 
 /// Counters a writer keeps.
 #[derive(Debug, Default)]
-pub struct WriteBatch {
+pub struct WriteStats {
     /// Frames written.
     pub frames: AtomicU64,
-    /// `writev` calls made.
+    /// Vectored write calls made.
     pub syscalls: AtomicU64,
+    /// Frames written at once by the task that sent them, without a hand-off.
+    pub direct: AtomicU64,
 }
 
-/// Writes every frame queued on `rx` to `w` until all senders are gone.
+/// Why a frame could not be sent.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum WriteError {
+    /// The writer was closed, by [`FrameWriter::close`] or because the stream failed.
+    #[error("connection closed: {0}")]
+    Closed(Arc<str>),
+}
+
+/// Sends frames on one connection, from any number of tasks and threads.
 ///
-/// Frames queued together go out in one vectored write: the writer takes one
-/// frame, then everything else already queued (up to a bound), and hands the
-/// kernel the heads and the payloads as separate slices, so payloads are
-/// never copied.
-pub async fn write_frames(
-    mut w: BoxWrite,
-    mut rx: mpsc::Receiver<EncodedFrame>,
-    stats: &WriteBatch,
-) -> io::Result<()> {
-    let mut chunks: VecDeque<Bytes> = VecDeque::new();
-    while let Some(first) = rx.recv().await {
-        let mut frames = 1u64;
-        let mut bytes = first.len();
-        push(&mut chunks, first);
-        while bytes < BATCH_BYTES && frames < BATCH_FRAMES as u64 {
-            match rx.try_recv() {
-                Ok(f) => {
-                    bytes += f.len();
-                    frames += 1;
-                    push(&mut chunks, f);
-                }
-                Err(_) => break,
+/// A frame sent while the connection is idle is written at once by the
+/// sender itself: no task hand-off and no wake-up on the way to the socket.
+/// Frames sent while another write is under way are queued, and the writer's
+/// flusher task writes everything queued in one vectored system call
+/// (heads and payloads as separate slices, so payloads are never copied).
+/// Frames stay whole and in the order their `send` calls took effect.
+///
+/// Cheap to clone. Dropping the last clone closes it: what is queued is
+/// flushed, then the stream's write side is shut down.
+#[derive(Clone, Debug)]
+pub struct FrameWriter {
+    handle: Arc<Handle>,
+}
+
+#[derive(Debug)]
+struct Handle {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.shared.close();
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    io: WriteHalf,
+    state: Mutex<State>,
+    /// Wakes the flusher: frames are queued and nobody writes.
+    work: Notify,
+    /// Wakes senders waiting for the queue to drain below its bound.
+    room: Notify,
+    stats: WriteStats,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Queued slices: frame heads and payloads, in order.
+    chunks: VecDeque<Bytes>,
+    /// Frames in `chunks` (a frame is one or two chunks).
+    frames: u64,
+    /// Bytes queued or being flushed.
+    queued: usize,
+    /// Someone is writing to the stream; only that one may.
+    writing: bool,
+    /// Close requested: flush, shut down, accept nothing more.
+    closing: bool,
+    /// Why the writer ended, once it has.
+    closed: Option<Arc<str>>,
+}
+
+impl FrameWriter {
+    /// A writer for `io`, and the flusher future that must be spawned (or
+    /// otherwise driven) for queued frames to go out. The flusher ends once
+    /// the writer is closed and flushed, or when the stream fails.
+    pub fn new(
+        io: WriteHalf,
+    ) -> (
+        FrameWriter,
+        impl std::future::Future<Output = io::Result<()>>,
+    ) {
+        let shared = Arc::new(Shared {
+            io,
+            state: Mutex::default(),
+            work: Notify::new(),
+            room: Notify::new(),
+            stats: WriteStats::default(),
+        });
+        let flusher = flush_loop(shared.clone());
+        (
+            FrameWriter {
+                handle: Arc::new(Handle { shared }),
+            },
+            flusher,
+        )
+    }
+
+    /// Sends one frame: written at once when the stream is idle and has room,
+    /// queued otherwise. Waits only while the queue is over its bound.
+    pub async fn send(&self, mut frame: EncodedFrame) -> Result<(), WriteError> {
+        let shared = &self.handle.shared;
+        loop {
+            // Registered before the check, so room made in between is not missed.
+            let room = shared.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            match shared.admit(frame)? {
+                None => return Ok(()),
+                Some(back) => frame = back,
             }
+            room.await;
         }
-        write_all_vectored(&mut w, &mut chunks, stats).await?;
-        stats.frames.fetch_add(frames, Ordering::Relaxed);
     }
-    w.shutdown().await
+
+    /// Sends a frame only if that needs no waiting: false when the queue is full.
+    pub fn try_send(&self, frame: EncodedFrame) -> Result<bool, WriteError> {
+        Ok(self.handle.shared.admit(frame)?.is_none())
+    }
+
+    /// Stops accepting frames; what is queued is flushed, then the stream's
+    /// write side is shut down. Idempotent.
+    pub fn close(&self) {
+        self.handle.shared.close();
+    }
+
+    /// Whether the writer is closed or closing.
+    pub fn is_closed(&self) -> bool {
+        let s = self.handle.shared.lock();
+        s.closing || s.closed.is_some()
+    }
+
+    /// The writer's counters.
+    pub fn stats(&self) -> &WriteStats {
+        &self.handle.shared.stats
+    }
 }
 
-fn push(chunks: &mut VecDeque<Bytes>, f: EncodedFrame) {
-    chunks.push_back(f.head);
-    if !f.payload.is_empty() {
-        chunks.push_back(f.payload);
+impl State {
+    fn enqueue(&mut self, frame: EncodedFrame) {
+        self.queued += frame.len();
+        self.frames += 1;
+        self.chunks.push_back(frame.head);
+        if !frame.payload.is_empty() {
+            self.chunks.push_back(frame.payload);
+        }
     }
 }
 
-async fn write_all_vectored(
-    w: &mut BoxWrite,
-    chunks: &mut VecDeque<Bytes>,
-    stats: &WriteBatch,
-) -> io::Result<()> {
-    while !chunks.is_empty() {
-        let n = {
-            let slices: Vec<IoSlice<'_>> = chunks
-                .iter()
-                .take(MAX_IOV)
-                .map(|b| IoSlice::new(b))
-                .collect();
-            w.write_vectored(&slices).await?
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Writes `frame` at once if the stream is idle, or queues it if the
+    /// queue has room; hands it back when the queue is full.
+    fn admit(&self, frame: EncodedFrame) -> Result<Option<EncodedFrame>, WriteError> {
+        let mut s = self.lock();
+        if let Some(why) = &s.closed {
+            return Err(WriteError::Closed(why.clone()));
+        }
+        if s.closing {
+            return Err(WriteError::Closed("the writer is closing".into()));
+        }
+        if !s.writing && s.chunks.is_empty() {
+            s.writing = true;
+            drop(s);
+            self.write_direct(frame);
+            return Ok(None);
+        }
+        if s.queued != 0 && s.queued + frame.len() > WRITE_QUEUE_BYTES {
+            return Ok(Some(frame));
+        }
+        s.enqueue(frame);
+        let idle = !s.writing;
+        drop(s);
+        if idle {
+            self.work.notify_one();
+        }
+        Ok(None)
+    }
+
+    fn close(&self) {
+        let mut s = self.lock();
+        if s.closing {
+            return;
+        }
+        s.closing = true;
+        drop(s);
+        self.work.notify_one();
+        self.room.notify_waiters();
+    }
+
+    fn fail(&self, e: &io::Error) {
+        let mut s = self.lock();
+        s.closed.get_or_insert_with(|| e.to_string().into());
+        s.chunks.clear();
+        s.queued = 0;
+        s.frames = 0;
+        s.writing = false;
+        drop(s);
+        self.work.notify_one();
+        self.room.notify_waiters();
+    }
+
+    /// Writes `frame` from the sender's own thread. Called with `writing`
+    /// set by the caller; whatever does not fit goes to the flusher.
+    fn write_direct(&self, frame: EncodedFrame) {
+        let total = frame.len();
+        let written = {
+            let slices = [IoSlice::new(&frame.head), IoSlice::new(&frame.payload)];
+            let n = if frame.payload.is_empty() { 1 } else { 2 };
+            self.io
+                .try_write_vectored(slices.get(..n).unwrap_or_default())
         };
-        stats.syscalls.fetch_add(1, Ordering::Relaxed);
+        let n = match written {
+            Ok(n) => {
+                self.stats.syscalls.fetch_add(1, Ordering::Relaxed);
+                n
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+            Err(e) => return self.fail(&e),
+        };
+        let mut s = self.lock();
+        if n == total {
+            self.stats.frames.fetch_add(1, Ordering::Relaxed);
+            self.stats.direct.fetch_add(1, Ordering::Relaxed);
+        } else {
+            // The rest goes first: frames queued meanwhile came later.
+            let mut rest = [frame.head, frame.payload];
+            let mut skip = n;
+            for b in &mut rest {
+                let k = skip.min(b.len());
+                b.advance(k);
+                skip -= k;
+            }
+            let [head, payload] = rest;
+            if !payload.is_empty() {
+                s.chunks.push_front(payload);
+            }
+            if !head.is_empty() {
+                s.chunks.push_front(head);
+            }
+            s.queued += total - n;
+            s.frames += 1;
+        }
+        s.writing = false;
+        let more = !s.chunks.is_empty() || s.closing;
+        drop(s);
+        if more {
+            self.work.notify_one();
+        }
+    }
+}
+
+/// Writes whatever is queued while nobody else writes; ends once closed and
+/// flushed, or when the stream fails.
+async fn flush_loop(shared: Arc<Shared>) -> io::Result<()> {
+    // If this future is dropped unfinished (its runtime shut down), senders
+    // must learn it rather than wait for room that never comes.
+    struct Stopped<'a>(&'a Shared);
+    impl Drop for Stopped<'_> {
+        fn drop(&mut self) {
+            self.0
+                .fail(&io::Error::other("the connection's writer stopped"));
+        }
+    }
+    let _stopped = Stopped(&shared);
+    let mut batch: VecDeque<Bytes> = VecDeque::new();
+    loop {
+        let work = shared.work.notified();
+        tokio::pin!(work);
+        let frames = {
+            let mut s = shared.lock();
+            if let Some(why) = &s.closed {
+                return Err(io::Error::new(io::ErrorKind::BrokenPipe, why.to_string()));
+            }
+            if s.writing || s.chunks.is_empty() {
+                if s.closing && !s.writing {
+                    drop(s);
+                    let r = shared.io.shutdown();
+                    shared.lock().closed = Some("closed".into());
+                    shared.room.notify_waiters();
+                    return r;
+                }
+                work.as_mut().enable();
+                None
+            } else {
+                s.writing = true;
+                std::mem::swap(&mut batch, &mut s.chunks);
+                Some(std::mem::take(&mut s.frames))
+            }
+        };
+        let Some(frames) = frames else {
+            work.await;
+            continue;
+        };
+        let bytes: usize = batch.iter().map(Bytes::len).sum();
+        if let Err(e) = write_all(&shared, &mut batch).await {
+            shared.fail(&e);
+            return Err(e);
+        }
+        shared.stats.frames.fetch_add(frames, Ordering::Relaxed);
+        let mut s = shared.lock();
+        s.queued = s.queued.saturating_sub(bytes);
+        s.writing = false;
+        drop(s);
+        shared.room.notify_waiters();
+    }
+}
+
+/// Writes every chunk of `batch`, waiting for the stream to take them.
+async fn write_all(shared: &Shared, batch: &mut VecDeque<Bytes>) -> io::Result<()> {
+    while !batch.is_empty() {
+        let n = poll_fn(|cx| poll_write_some(shared, batch, cx)).await?;
+        shared.stats.syscalls.fetch_add(1, Ordering::Relaxed);
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
-        consume(chunks, n);
+        let mut left = n;
+        while left > 0 {
+            let Some(front) = batch.front_mut() else {
+                break;
+            };
+            if front.len() <= left {
+                left -= front.len();
+                batch.pop_front();
+            } else {
+                front.advance(left);
+                left = 0;
+            }
+        }
     }
     Ok(())
 }
 
-/// Drops the first `written` bytes of `chunks`, as a vectored write of them
-/// took them: whole chunks are removed, a partly written one is advanced.
-/// For writers that keep their own queue of chunks (as [`write_frames`] does).
-pub fn consume(chunks: &mut VecDeque<Bytes>, written: usize) {
-    let mut left = written;
-    while left > 0 {
-        let Some(front) = chunks.front_mut() else {
+fn poll_write_some(
+    shared: &Shared,
+    batch: &VecDeque<Bytes>,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
+    let mut slices = [IoSlice::new(&[]); MAX_IOV];
+    let mut n = 0;
+    let mut bytes = 0;
+    for (slot, b) in slices.iter_mut().zip(batch) {
+        *slot = IoSlice::new(b);
+        n += 1;
+        bytes += b.len();
+        if bytes >= BATCH_BYTES {
             break;
-        };
-        if front.len() <= left {
-            left -= front.len();
-            chunks.pop_front();
-        } else {
-            front.advance(left);
-            left = 0;
         }
+    }
+    let slices = slices.get(..n).unwrap_or_default();
+    loop {
+        match shared.io.try_write_vectored(slices) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            r => return Poll::Ready(r),
+        }
+        ready!(shared.io.poll_write_ready(cx))?;
     }
 }
 
@@ -180,6 +538,7 @@ pub fn consume(chunks: &mut VecDeque<Bytes>, written: usize) {
 mod tests {
     use super::*;
     use crate::{connect, Listener, Url};
+    use tokio::io::AsyncWriteExt;
     use tubeway_proto::{codec, Message};
 
     async fn pair(url: &str) -> (crate::Connection, crate::Connection) {
@@ -190,66 +549,175 @@ mod tests {
         (a.unwrap(), b.unwrap())
     }
 
-    async fn exchange(url: &str) {
+    /// 100 frames from 4 concurrent senders arrive whole, each sender's in order.
+    async fn exchange(url: &str, wait: WaitStrategy) {
         let (server, client) = pair(url).await;
-        let (tx, rx) = mpsc::channel(16);
-        let stats = std::sync::Arc::new(WriteBatch::default());
-        let s2 = stats.clone();
-        let writer = tokio::spawn(async move { write_frames(client.writer, rx, &s2).await });
-        let msgs: Vec<Message> = (0..100)
-            .map(|i| Message::binary(vec![i as u8; i * 1000], None))
+        let (writer, flusher) = FrameWriter::new(client.writer);
+        let flusher = tokio::spawn(flusher);
+        let senders: Vec<_> = (0..4u8)
+            .map(|k| {
+                let writer = writer.clone();
+                tokio::spawn(async move {
+                    for i in 0..25usize {
+                        let m = Message::binary(vec![k; i * 3000], None)
+                            .with_subject(format!("{k}/{i}"));
+                        writer
+                            .send(codec::encode(&m, 1 << 24).unwrap())
+                            .await
+                            .unwrap();
+                    }
+                })
+            })
             .collect();
-        let to_send = msgs.clone();
-        tokio::spawn(async move {
-            for m in &to_send {
-                tx.send(codec::encode(m, 1 << 24).unwrap()).await.unwrap();
-            }
-        });
         let mut r = FrameReader::new(server.reader, 1 << 24);
-        for m in &msgs {
+        r.set_wait_strategy(wait);
+        let mut next = [0usize; 4];
+        for _ in 0..100 {
             match r.next().await.unwrap() {
-                Some(Decoded::Message(got)) => assert_eq!(&got, m),
+                Some(Decoded::Message(got)) => {
+                    let (k, i) = got.subject.as_deref().unwrap().split_once('/').unwrap();
+                    let (k, i): (usize, usize) = (k.parse().unwrap(), i.parse().unwrap());
+                    assert_eq!(i, next[k], "sender {k} out of order");
+                    next[k] += 1;
+                    assert_eq!(got.payload.len(), i * 3000);
+                    assert!(got.payload.iter().all(|&b| usize::from(b) == k));
+                }
                 other => panic!("{other:?}"),
             }
         }
-        assert!(r.next().await.unwrap().is_none());
-        writer.await.unwrap().unwrap();
+        for s in senders {
+            s.await.unwrap();
+        }
+        let stats = writer.stats();
         assert_eq!(stats.frames.load(Ordering::Relaxed), 100);
-    }
-
-    #[test]
-    fn consume_removes_written_bytes() {
-        let mut chunks: VecDeque<Bytes> = [&b"abc"[..], b"de", b"fgh"]
-            .into_iter()
-            .map(Bytes::from_static)
-            .collect();
-        consume(&mut chunks, 0);
-        assert_eq!(chunks.len(), 3);
-        consume(&mut chunks, 4);
-        assert_eq!(
-            chunks,
-            [Bytes::from_static(b"e"), Bytes::from_static(b"fgh")]
+        drop(writer);
+        assert!(
+            r.next().await.unwrap().is_none(),
+            "close flushes, then ends the stream"
         );
-        consume(&mut chunks, 2);
-        assert_eq!(chunks, [Bytes::from_static(b"gh")]);
-        consume(&mut chunks, 10);
-        assert!(chunks.is_empty());
+        flusher.await.unwrap().unwrap();
     }
 
     #[tokio::test]
     async fn frames_over_tcp() {
-        exchange("tcp://127.0.0.1:0").await;
+        exchange("tcp://127.0.0.1:0", WaitStrategy::PARK).await;
     }
 
     #[tokio::test]
     async fn frames_over_unix() {
         let p = std::env::temp_dir().join(format!("tw-t-{}.sock", std::process::id()));
-        exchange(&format!("unix://{}", p.display())).await;
+        exchange(&format!("unix://{}", p.display()), WaitStrategy::PARK).await;
     }
 
     #[tokio::test]
     async fn frames_over_mem() {
-        exchange("mem://framed-test").await;
+        exchange("mem://framed-test", WaitStrategy::PARK).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn spinning_readers_get_every_frame() {
+        exchange("mem://framed-spin", WaitStrategy::BusySpin).await;
+        exchange(
+            "mem://framed-spin-park",
+            WaitStrategy::SpinPark {
+                spin: std::time::Duration::from_micros(30),
+            },
+        )
+        .await;
+        exchange(
+            "mem://framed-spin-yield",
+            WaitStrategy::SpinYield {
+                spin: std::time::Duration::from_micros(30),
+            },
+        )
+        .await;
+    }
+
+    /// An idle writer writes on the sender's own task, without the flusher.
+    #[tokio::test]
+    async fn idle_writer_writes_directly() {
+        let (server, client) = pair("mem://framed-direct").await;
+        // The flusher is never run: every frame must go out directly.
+        let (writer, _flusher) = FrameWriter::new(client.writer);
+        let mut r = FrameReader::new(server.reader, 1 << 20);
+        for i in 0..10 {
+            let m = Message::plain_text(format!("m{i}"));
+            writer
+                .send(codec::encode(&m, 1 << 20).unwrap())
+                .await
+                .unwrap();
+            match r.next().await.unwrap() {
+                Some(Decoded::Message(got)) => {
+                    assert_eq!(got.text_payload().unwrap(), format!("m{i}"))
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(writer.stats().direct.load(Ordering::Relaxed), 10);
+    }
+
+    /// A peer that stops reading fills the queue; senders then wait instead of
+    /// growing memory, and carry on once the peer reads again.
+    #[tokio::test]
+    async fn stalled_peer_pushes_back() {
+        let (server, client) = pair("mem://framed-stall").await;
+        let (writer, flusher) = FrameWriter::new(client.writer);
+        tokio::spawn(flusher);
+        let frame =
+            || codec::encode(&Message::binary(vec![7u8; 256 * 1024], None), 1 << 20).unwrap();
+        // Fill the socket buffer and the queue.
+        let mut sent = 0usize;
+        loop {
+            let w = writer.clone();
+            let f = frame();
+            match tokio::time::timeout(std::time::Duration::from_millis(200), async move {
+                w.send(f).await
+            })
+            .await
+            {
+                Ok(r) => {
+                    r.unwrap();
+                    sent += 1;
+                    assert!(sent < 1000, "the queue never pushed back");
+                }
+                Err(_) => break,
+            }
+        }
+        assert!(
+            !writer.try_send(frame()).unwrap(),
+            "a full queue refuses try_send"
+        );
+        let mut r = FrameReader::new(server.reader, 1 << 20);
+        let reader = tokio::spawn(async move {
+            let mut n = 0;
+            while let Some(Decoded::Message(_)) = r.next().await.unwrap() {
+                n += 1;
+            }
+            n
+        });
+        writer.send(frame()).await.unwrap();
+        drop(writer);
+        assert_eq!(reader.await.unwrap(), sent + 1);
+    }
+
+    #[tokio::test]
+    async fn writer_fails_once_the_peer_is_gone() {
+        let (server, client) = pair("mem://framed-gone").await;
+        let (writer, flusher) = FrameWriter::new(client.writer);
+        let flusher = tokio::spawn(flusher);
+        drop(server);
+        let frame =
+            || codec::encode(&Message::binary(vec![1u8; 64 * 1024], None), 1 << 20).unwrap();
+        let mut failed = false;
+        for _ in 0..100 {
+            if writer.send(frame()).await.is_err() {
+                failed = true;
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(failed, "sending to a closed peer must fail");
+        assert!(flusher.await.unwrap().is_err());
     }
 
     #[tokio::test]
@@ -263,7 +731,7 @@ mod tests {
             .write_all(&bytes[..bytes.len() - 1])
             .await
             .unwrap();
-        client.writer.shutdown().await.unwrap();
+        client.writer.shutdown().unwrap();
         let mut r = FrameReader::new(server.reader, 1024);
         assert!(matches!(r.next().await, Err(ReadError::UnexpectedEof(_))));
     }

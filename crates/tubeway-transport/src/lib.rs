@@ -11,8 +11,12 @@
 mod conn;
 mod framed;
 mod mem;
+mod stream;
 mod url;
+mod wait;
 
-pub use conn::{connect, BoxRead, BoxWrite, Connection, Listener};
-pub use framed::{consume, write_frames, FrameReader, ReadError, WriteBatch};
+pub use conn::{connect, Connection, Listener};
+pub use framed::{FrameReader, FrameWriter, ReadError, WriteError, WriteStats, WRITE_QUEUE_BYTES};
+pub use stream::{ReadHalf, WriteHalf};
 pub use url::{Url, UrlError};
+pub use wait::{WaitStrategy, WaitStrategyError, DEFAULT_SPIN};

@@ -1,23 +1,24 @@
-//! In-process transport: a registry of named listeners handing out duplex pipes.
+//! In-process transport: a registry of named listeners handing out
+//! connected socket pairs, so `mem://` behaves exactly like the other
+//! stream transports without a file or a port.
 
 use std::collections::HashMap;
 use std::io;
 use std::sync::{Mutex, OnceLock};
 
-use tokio::io::DuplexStream;
+use std::os::unix::net::UnixStream as StdUnixStream;
+
+use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
-/// Bytes buffered in each direction of an in-process pipe.
-const PIPE_CAPACITY: usize = 1 << 20;
-
-type Registry = Mutex<HashMap<String, mpsc::Sender<DuplexStream>>>;
+type Registry = Mutex<HashMap<String, mpsc::Sender<StdUnixStream>>>;
 
 fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(Default::default)
 }
 
-fn lock() -> std::sync::MutexGuard<'static, HashMap<String, mpsc::Sender<DuplexStream>>> {
+fn lock() -> std::sync::MutexGuard<'static, HashMap<String, mpsc::Sender<StdUnixStream>>> {
     registry()
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -26,9 +27,9 @@ fn lock() -> std::sync::MutexGuard<'static, HashMap<String, mpsc::Sender<DuplexS
 #[derive(Debug)]
 pub(crate) struct MemListener {
     name: String,
-    rx: mpsc::Receiver<DuplexStream>,
+    rx: mpsc::Receiver<StdUnixStream>,
     // Identifies this listener's registry entry, so dropping it never removes a successor's.
-    tx: mpsc::Sender<DuplexStream>,
+    tx: mpsc::Sender<StdUnixStream>,
 }
 
 impl MemListener {
@@ -49,11 +50,14 @@ impl MemListener {
         })
     }
 
-    pub(crate) async fn accept(&mut self) -> io::Result<DuplexStream> {
-        self.rx
+    pub(crate) async fn accept(&mut self) -> io::Result<UnixStream> {
+        let s = self
+            .rx
             .recv()
             .await
-            .ok_or_else(|| io::Error::new(io::ErrorKind::BrokenPipe, "mem listener closed"))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::BrokenPipe, "mem listener closed"))?;
+        // Registered with the accepting runtime's reactor, not the connector's.
+        UnixStream::from_std(s)
     }
 }
 
@@ -69,19 +73,21 @@ impl Drop for MemListener {
     }
 }
 
-pub(crate) async fn connect(name: &str) -> io::Result<DuplexStream> {
+pub(crate) async fn connect(name: &str) -> io::Result<UnixStream> {
     let tx = lock().get(name).cloned().ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::ConnectionRefused,
             format!("no listener at mem://{name}"),
         )
     })?;
-    let (ours, theirs) = tokio::io::duplex(PIPE_CAPACITY);
+    let (ours, theirs) = StdUnixStream::pair()?;
+    ours.set_nonblocking(true)?;
+    theirs.set_nonblocking(true)?;
     tx.send(theirs).await.map_err(|_| {
         io::Error::new(
             io::ErrorKind::ConnectionRefused,
             format!("listener at mem://{name} closed"),
         )
     })?;
-    Ok(ours)
+    UnixStream::from_std(ours)
 }

@@ -33,4 +33,4 @@ pub use tubeway_proto::{
     ops, Message, MessageType, PayloadError, PayloadKind, ResponseStatus, MIME_BINARY, MIME_JSON,
     MIME_TEXT,
 };
-pub use tubeway_transport::Url;
+pub use tubeway_transport::{Url, WaitStrategy};

@@ -27,6 +27,8 @@ crate::transport_tests! {
     worker_disconnect_fails_the_call_in_flight,
     call_timeout_shorter_than_the_handler,
     function_status_counts_calls_and_errors,
+    blocking_worker_serves_while_its_thread_waits,
+    blocking_oneway_calls_are_flushed_when_the_client_drops,
 }
 
 fn echo(h: &Harness) {
@@ -61,9 +63,9 @@ async fn call_from_blocking_client(h: &Harness) {
             Ok(Message::plain_text(format!("hello, {}", m.text_payload()?)))
         })
         .unwrap();
-    let url = h.url.clone();
+    let (url, options) = (h.url.clone(), h.client_options());
     let answers = on_thread(move || {
-        let c = Client::connect(&url).unwrap();
+        let c = Client::connect_with(&url, options).unwrap();
         let a = c.send("greet", Message::plain_text("tubeway")).unwrap();
         let b = c
             .send_timeout(
@@ -84,11 +86,11 @@ async fn call_from_blocking_client(h: &Harness) {
 
 async fn send_async_future(h: &Harness) {
     echo(h);
-    let url = h.url.clone();
+    let (url, options) = (h.url.clone(), h.client_options());
     // Calls started on a plain thread; two are waited for there, one is
     // handed back and awaited here, in async code.
     let (waited, handed_back) = on_thread(move || {
-        let c = Client::connect(&url).unwrap();
+        let c = Client::connect_with(&url, options).unwrap();
         let futures: Vec<_> = (0..3)
             .map(|i| c.send_async("echo", Message::plain_text(format!("m{i}"))))
             .collect();
@@ -359,9 +361,9 @@ async fn remote_worker_serves_calls(h: &Harness) {
     }))
     .await
     .unwrap();
-    let url = h.url.clone();
+    let (url, options) = (h.url.clone(), h.client_options());
     let r = on_thread(move || {
-        let c = Client::connect(&url).unwrap();
+        let c = Client::connect_with(&url, options).unwrap();
         text(&c.send("lower", Message::plain_text("QUIET")).unwrap())
     })
     .await;
@@ -529,4 +531,59 @@ async fn function_status_counts_calls_and_errors(h: &Harness) {
     assert_eq!(names, ["echo", "fails"]);
     // A worker cannot take over a function served inside the broker.
     assert_status(step(c.serve("echo", Ok)).await, ResponseStatus::Conflict);
+}
+
+/// A blocking client's connection is driven by the thread that calls; a
+/// worker must go on serving while that thread does something else.
+async fn blocking_worker_serves_while_its_thread_waits(h: &Harness) {
+    let (url, options) = (h.url.clone(), h.client_options());
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let worker = tokio::spawn(on_thread(move || {
+        let c = Client::connect_with(&url, options).unwrap();
+        let w = c
+            .serve("double", |m: Message| {
+                Ok(Message::plain_text(m.text_payload()?.repeat(2)))
+            })
+            .unwrap();
+        ready_tx.send(()).unwrap();
+        // Waits without touching the client.
+        done_rx.recv_timeout(common::TEST_TIMEOUT).unwrap();
+        w.stop().unwrap();
+    }));
+    step(ready_rx).await.unwrap();
+    let caller = h.client().await;
+    for _ in 0..3 {
+        let r = step(caller.send("double", Message::plain_text("ab"))).await;
+        assert_eq!(text(&r.unwrap()), "abab");
+    }
+    done_tx.send(()).unwrap();
+    step(worker).await.unwrap();
+}
+
+/// Oneway calls are queued, not sent, when `send_oneway` returns; dropping
+/// the client right after must still deliver every one.
+async fn blocking_oneway_calls_are_flushed_when_the_client_drops(h: &Harness) {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    h.broker
+        .create_function("sink", move |m: Message| {
+            tx.send(text(&m)).unwrap();
+            Ok(Message::plain_text(""))
+        })
+        .unwrap();
+    let (url, options) = (h.url.clone(), h.client_options());
+    on_thread(move || {
+        let c = Client::connect_with(&url, options).unwrap();
+        for i in 0..200 {
+            let payload = format!("{i}:{}", "x".repeat(32 * 1024));
+            c.send_oneway("sink", Message::plain_text(payload)).unwrap();
+        }
+    })
+    .await;
+    let mut seen = std::collections::BTreeSet::new();
+    while seen.len() < 200 {
+        let got = step(rx.recv()).await.unwrap();
+        let (i, _) = got.split_once(':').unwrap();
+        assert!(seen.insert(i.parse::<u32>().unwrap()), "{i} twice");
+    }
 }

@@ -549,7 +549,7 @@ async fn error_responses_over_the_wire(h: &Harness) {
 /// A connection that speaks the protocol by hand.
 struct Raw {
     frames: FrameReader,
-    writer: tubeway_transport::BoxWrite,
+    writer: tubeway_transport::WriteHalf,
 }
 
 impl Raw {

@@ -500,9 +500,9 @@ async fn queued_message_keeps_its_fields(h: &Harness) {
 }
 
 async fn blocking_client_offer_and_poll(h: &Harness) {
-    let url = h.url.clone();
+    let (url, options) = (h.url.clone(), h.client_options());
     let got = on_thread(move || {
-        let c = Client::connect(&url).unwrap();
+        let c = Client::connect_with(&url, options).unwrap();
         c.create_queue("sync", 10, QueueKind::Bounded).unwrap();
         for i in 0..5 {
             c.offer("sync", numbered(i), SHORT).unwrap();

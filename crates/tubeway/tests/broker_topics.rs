@@ -299,10 +299,10 @@ async fn delivery_keeps_the_published_fields(h: &Harness) {
 
 async fn blocking_client_subscribes(h: &Harness) {
     h.broker.create_topic("t").unwrap();
-    let url = h.url.clone();
+    let (url, options) = (h.url.clone(), h.client_options());
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let received = tokio::spawn(on_thread(move || {
-        let c = Client::connect(&url).unwrap();
+        let c = Client::connect_with(&url, options).unwrap();
         let mut sub = c.subscribe("t").unwrap();
         ready_tx.send(()).unwrap();
         let mut got = Vec::new();

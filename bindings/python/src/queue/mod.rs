@@ -4,8 +4,8 @@
 //! its peer 0. Python (`tubeway/_queue.py`) adds the serializers.
 
 mod framing;
+mod outbox;
 mod peer;
-mod writer;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -110,7 +110,7 @@ impl PyEndpoint {
             .closed
     }
 
-    fn senders(&self, peers: &[u64]) -> PyResult<Vec<Arc<writer::Writer>>> {
+    fn senders(&self, peers: &[u64]) -> PyResult<Vec<Arc<outbox::Outbox>>> {
         let state = self
             .shared
             .peers
@@ -123,12 +123,12 @@ impl PyEndpoint {
             if state.live.is_empty() {
                 return Err(errors::ConnectionClosed::new_err("no peer is connected"));
             }
-            return Ok(state.live.values().map(|p| p.writer.clone()).collect());
+            return Ok(state.live.values().map(|p| p.outbox.clone()).collect());
         }
         peers
             .iter()
             .map(|id| {
-                state.live.get(id).map(|p| p.writer.clone()).ok_or_else(|| {
+                state.live.get(id).map(|p| p.outbox.clone()).ok_or_else(|| {
                     errors::ConnectionClosed::new_err(format!("peer {id} is not connected"))
                 })
             })
@@ -315,10 +315,12 @@ impl PyEndpoint {
             framing::encode(mimetype, head, parts, self.shared.max_frame).map_err(|e| {
                 errors::TooLarge::new_err(format!("cannot send an object of {total} bytes: {e}"))
             })?;
+        let runtime = crate::runtime::runtime()?;
         let sent = py.detach(move || {
+            let _entered = runtime.enter();
             senders
                 .iter()
-                .filter(|w| w.send(frames.clone()).is_ok())
+                .filter(|outbox| outbox.send(frames.clone()).is_ok())
                 .count()
         });
         // Some peers may have failed meanwhile; get() reports each. When
@@ -441,7 +443,7 @@ impl PyEndpoint {
         wait(py, async move {
             let flush = async {
                 for p in peers {
-                    p.writer.close();
+                    p.outbox.close().await;
                     let _ = p.writer_task.await;
                     p.reader.abort();
                 }

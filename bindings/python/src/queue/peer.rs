@@ -6,10 +6,10 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 use tubeway_proto::Decoded;
-use tubeway_transport::{Connection, FrameReader};
+use tubeway_transport::{Connection, FrameReader, FrameWriter};
 
 use super::framing::{Assembler, Received};
-use super::writer::Writer;
+use super::outbox::Outbox;
 
 /// What a reader reports to the endpoint's inbox.
 #[derive(Debug)]
@@ -28,7 +28,7 @@ pub enum Event {
 #[derive(Debug)]
 pub struct Peer {
     /// Where its objects are sent; never blocks the sender.
-    pub writer: Arc<Writer>,
+    pub outbox: Arc<Outbox>,
     pub writer_task: JoinHandle<()>,
     pub reader: JoinHandle<()>,
 }
@@ -42,17 +42,17 @@ pub fn start(
     budget: Arc<Semaphore>,
     budget_max: u32,
 ) -> Peer {
-    let writer = Writer::new(conn.writer);
-    let writer_task = tokio::spawn(writer.clone().run());
-    let reader = tokio::spawn(read(
-        peer,
-        FrameReader::new(conn.reader, max_frame),
-        inbox,
-        budget,
-        budget_max,
-    ));
+    let (writer, flusher) = FrameWriter::new(conn.writer);
+    let writer_task = tokio::spawn(async move {
+        if let Err(e) = flusher.await {
+            tracing::debug!(peer, "queue writer stopped: {e}");
+        }
+    });
+    let mut frames = FrameReader::new(conn.reader, max_frame);
+    frames.set_wait_strategy(conn.default_wait);
+    let reader = tokio::spawn(read(peer, frames, inbox, budget, budget_max));
     Peer {
-        writer,
+        outbox: Outbox::new(writer),
         writer_task,
         reader,
     }

@@ -1,21 +1,31 @@
 //! The blocking client, for code without an async runtime.
 //!
-//! Each call runs on a process-wide background runtime (two threads named
-//! `tubeway-io`, started on first use) and blocks the calling thread until it
-//! completes; every call is bounded by a timeout, as in [`AsyncClient`].
-//! Calling from inside an async runtime fails with [`Error::Runtime`]
-//! instead of blocking one of its threads: use [`AsyncClient`] there. The
-//! synchronous handlers of [`Client::serve`] and [`Client::subscribe_with`]
-//! run on blocking threads and may use the blocking client.
+//! Each [`Client`] has a runtime of its own, a single-threaded one that has
+//! no thread of its own either: the thread that waits for a call drives the
+//! connection itself. It writes the request, sleeps in the kernel (or spins,
+//! by [`ClientOptions::wait`]) until the response is readable, reads it and
+//! returns, so a round trip costs what a hand-written socket ping-pong costs:
+//! no hand-off to an I/O thread and no second wake-up. While several
+//! threads call at once, one drives and wakes the others as their responses
+//! arrive. While something must be served with nobody calling (a
+//! [`Worker`], a [`SubscriptionHandle`], a [`ResponseFuture`] not yet
+//! waited for), a background thread drives instead.
+//!
+//! Every call is bounded by a timeout, as in [`AsyncClient`]. Calling from
+//! inside an async runtime fails with [`Error::Runtime`] instead of blocking
+//! one of its threads: use [`AsyncClient`] there. The synchronous handlers of
+//! [`Client::serve`] and [`Client::subscribe_with`] run on blocking threads
+//! and may use the blocking client.
 
 use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::runtime::{Builder, Handle, Runtime};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tubeway_proto::{ops, Message};
 use tubeway_transport::Url;
@@ -24,7 +34,13 @@ use uuid::Uuid;
 use super::{AsyncClient, ClientOptions, HandlerError};
 use crate::{Error, Result};
 
-fn runtime() -> Result<&'static Runtime> {
+/// How long dropping the last handle of a client may wait for what it
+/// queued (oneway sends, say) to be written.
+const DROP_FLUSH: Duration = Duration::from_secs(2);
+
+/// The process-wide runtime that runs clients made by [`Client::from_async`]
+/// while they are waited for.
+fn shared_runtime() -> Result<&'static Runtime> {
     static RUNTIME: OnceLock<std::result::Result<Runtime, String>> = OnceLock::new();
     RUNTIME
         .get_or_init(|| {
@@ -58,16 +74,160 @@ pub(crate) fn run_handler<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// Runs `f` to completion on the background runtime.
-fn block_on<F: Future>(f: F) -> Result<F::Output> {
-    if Handle::try_current().is_ok() && !HANDLER_THREAD.with(Cell::get) {
-        // Blocking here would stall (or, on a current-thread runtime, deadlock) the caller's runtime.
-        return Err(Error::Runtime(
-            "the blocking tubeway::Client was called inside an async runtime; use AsyncClient in async code"
-                .into(),
-        ));
+/// Whether this thread may block.
+fn may_block() -> bool {
+    Handle::try_current().is_err() || HANDLER_THREAD.with(Cell::get)
+}
+
+/// A client's own runtime: current-thread, driven by whoever waits on it.
+#[derive(Debug)]
+struct Driver {
+    rt: Option<Runtime>,
+    background: Mutex<Background>,
+}
+
+/// The background driver, running while anything needs serving.
+#[derive(Debug, Default)]
+struct Background {
+    duties: usize,
+    stop: Option<Arc<Notify>>,
+}
+
+impl Driver {
+    fn new() -> Result<Arc<Driver>> {
+        let rt = Builder::new_current_thread()
+            .enable_all()
+            .thread_name("tubeway-client")
+            .build()
+            .map_err(|e| Error::Runtime(format!("cannot start the client's runtime: {e}")))?;
+        Ok(Arc::new(Driver {
+            rt: Some(rt),
+            background: Mutex::default(),
+        }))
     }
-    Ok(runtime()?.handle().block_on(f))
+
+    fn rt(&self) -> &Runtime {
+        // Only `drop` takes it.
+        self.rt
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("runtime taken before drop"))
+    }
+
+    /// Keeps a thread driving the runtime until the returned guard drops.
+    fn duty(self: &Arc<Self>) -> Result<Duty> {
+        let mut b = self
+            .background
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if b.duties == 0 {
+            let stop = Arc::new(Notify::new());
+            let driver = self.clone();
+            let until = stop.clone();
+            std::thread::Builder::new()
+                .name("tubeway-client".into())
+                .spawn(move || driver.rt().block_on(until.notified()))
+                .map_err(|e| {
+                    Error::Runtime(format!("cannot start the client's driver thread: {e}"))
+                })?;
+            b.stop = Some(stop);
+        }
+        b.duties += 1;
+        Ok(Duty {
+            driver: self.clone(),
+        })
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let Some(rt) = self.rt.take() else { return };
+        if may_block() {
+            // The connection was closed when its last handle dropped; give
+            // its writer a moment to flush what is queued.
+            let handle = rt.handle().clone();
+            rt.block_on(async move {
+                let _ = tokio::time::timeout(DROP_FLUSH, async {
+                    while handle.metrics().num_alive_tasks() > 0 {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                })
+                .await;
+            });
+        }
+        rt.shutdown_background();
+    }
+}
+
+/// Keeps the client's background driver running.
+#[derive(Debug)]
+struct Duty {
+    driver: Arc<Driver>,
+}
+
+impl Drop for Duty {
+    fn drop(&mut self) {
+        let mut b = self
+            .driver
+            .background
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        b.duties -= 1;
+        if b.duties == 0 {
+            if let Some(stop) = b.stop.take() {
+                // A stored permit: the driver stops even if it has not started waiting yet.
+                stop.notify_one();
+            }
+        }
+    }
+}
+
+/// Where a blocking client's futures run.
+#[derive(Clone, Debug)]
+enum Exec {
+    /// The client's own runtime.
+    Own(Arc<Driver>),
+    /// The process-wide runtime, for an [`AsyncClient`] of another runtime.
+    Shared,
+}
+
+impl Exec {
+    /// Runs `f` to completion, driving the connection from this thread.
+    fn block_on<F: Future>(&self, f: F) -> Result<F::Output> {
+        if !may_block() {
+            // Blocking here would stall (or, on a current-thread runtime, deadlock) the caller's runtime.
+            return Err(Error::Runtime(
+                "the blocking tubeway::Client was called inside an async runtime; use AsyncClient in async code"
+                    .into(),
+            ));
+        }
+        match self {
+            Exec::Own(d) => Ok(d.rt().block_on(f)),
+            Exec::Shared => Ok(shared_runtime()?.handle().block_on(f)),
+        }
+    }
+
+    /// Runs `f` in the background.
+    fn spawn<F>(&self, f: F) -> Result<(JoinHandle<F::Output>, Option<Duty>)>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match self {
+            Exec::Own(d) => {
+                let duty = d.duty()?;
+                Ok((d.rt().spawn(f), Some(duty)))
+            }
+            Exec::Shared => Ok((shared_runtime()?.spawn(f), None)),
+        }
+    }
+
+    /// Keeps the connection served while the guard lives.
+    fn duty(&self) -> Result<Option<Duty>> {
+        match self {
+            Exec::Own(d) => d.duty().map(Some),
+            Exec::Shared => Ok(None),
+        }
+    }
 }
 
 /// A blocking connection to a Tubeway broker.
@@ -77,6 +237,7 @@ fn block_on<F: Future>(f: F) -> Result<F::Output> {
 #[derive(Clone, Debug)]
 pub struct Client {
     inner: AsyncClient,
+    exec: Exec,
 }
 
 impl Client {
@@ -87,14 +248,24 @@ impl Client {
 
     /// Connects with `options`.
     pub fn connect_with(url: &str, options: ClientOptions) -> Result<Self> {
-        let inner = block_on(AsyncClient::connect_with(url, options))??;
-        Ok(Client { inner })
+        let exec = Exec::Own(Driver::new()?);
+        let inner = exec.block_on(AsyncClient::connect_with(url, options))??;
+        Ok(Client { inner, exec })
     }
 
     /// Wraps an async client. Its tasks keep running on the runtime that
-    /// created it, which must outlive this client.
+    /// created it, which must outlive this client; calls wait on a
+    /// process-wide runtime, so they cost a hand-off that a client made by
+    /// [`Client::connect`] avoids.
     pub fn from_async(inner: AsyncClient) -> Self {
-        Client { inner }
+        Client {
+            inner,
+            exec: Exec::Shared,
+        }
+    }
+
+    fn block_on<F: Future>(&self, f: F) -> Result<F::Output> {
+        self.exec.block_on(f)
     }
 
     /// The async client underneath, for use in async code.
@@ -124,32 +295,32 @@ impl Client {
 
     /// Closes the connection gracefully; see [`AsyncClient::close`].
     pub fn close(&self) -> Result<()> {
-        block_on(self.inner.close())
+        self.block_on(self.inner.close())
     }
 
     /// Sends any message and returns its response, whatever its status.
     pub fn request(&self, msg: Message) -> Result<Message> {
-        block_on(self.inner.request(msg))?
+        self.block_on(self.inner.request(msg))?
     }
 
     /// Sends any message and returns its response, waiting at most `timeout`.
     pub fn request_timeout(&self, msg: Message, timeout: Duration) -> Result<Message> {
-        block_on(self.inner.request_timeout(msg, timeout))?
+        self.block_on(self.inner.request_timeout(msg, timeout))?
     }
 
     /// Sends any message with `oneway` set.
     pub fn request_oneway(&self, msg: Message) -> Result<()> {
-        block_on(self.inner.request_oneway(msg))?
+        self.block_on(self.inner.request_oneway(msg))?
     }
 
     /// Calls `function`; see [`AsyncClient::send`].
     pub fn send(&self, function: &str, msg: Message) -> Result<Message> {
-        block_on(self.inner.send(function, msg))?
+        self.block_on(self.inner.send(function, msg))?
     }
 
     /// Calls `function`, giving up after `timeout`.
     pub fn send_timeout(&self, function: &str, msg: Message, timeout: Duration) -> Result<Message> {
-        block_on(self.inner.send_timeout(function, msg, timeout))?
+        self.block_on(self.inner.send_timeout(function, msg, timeout))?
     }
 
     /// Calls `function` without waiting for the response: the call runs in
@@ -159,16 +330,23 @@ impl Client {
         let client = self.inner.clone();
         let function = function.to_owned();
         let call = async move { client.send(&function, msg).await };
-        let task = match runtime() {
-            Ok(rt) => Ok(rt.spawn(call)),
-            Err(e) => Err(Some(e)),
-        };
-        ResponseFuture { task }
+        match self.exec.spawn(call) {
+            Ok((task, duty)) => ResponseFuture {
+                task: Ok(task),
+                exec: self.exec.clone(),
+                _duty: duty,
+            },
+            Err(e) => ResponseFuture {
+                task: Err(Some(e)),
+                exec: self.exec.clone(),
+                _duty: None,
+            },
+        }
     }
 
     /// Calls `function` without waiting for, or getting, a response.
     pub fn send_oneway(&self, function: &str, msg: Message) -> Result<()> {
-        block_on(self.inner.send_oneway(function, msg))?
+        self.block_on(self.inner.send_oneway(function, msg))?
     }
 
     /// Serves `function` on this connection; see [`AsyncClient::serve`].
@@ -176,33 +354,38 @@ impl Client {
     where
         F: Fn(Message) -> std::result::Result<Message, HandlerError> + Send + Sync + 'static,
     {
-        let inner = block_on(self.inner.serve(function, handler))??;
-        Ok(Worker { inner })
+        let duty = self.exec.duty()?;
+        let inner = self.block_on(self.inner.serve(function, handler))??;
+        Ok(Worker {
+            inner,
+            exec: self.exec.clone(),
+            _duty: duty,
+        })
     }
 
     /// Removes `function`.
     pub fn remove_function(&self, function: &str) -> Result<()> {
-        block_on(self.inner.remove_function(function))?
+        self.block_on(self.inner.remove_function(function))?
     }
 
     /// The status of `function`.
     pub fn function_status(&self, function: &str) -> Result<ops::FunctionStatus> {
-        block_on(self.inner.function_status(function))?
+        self.block_on(self.inner.function_status(function))?
     }
 
     /// The status of every function.
     pub fn list_functions(&self) -> Result<Vec<ops::FunctionStatus>> {
-        block_on(self.inner.list_functions())?
+        self.block_on(self.inner.list_functions())?
     }
 
     /// Puts `msg` on `queue`; see [`AsyncClient::offer`].
     pub fn offer(&self, queue: &str, msg: Message, timeout: Duration) -> Result<()> {
-        block_on(self.inner.offer(queue, msg, timeout))?
+        self.block_on(self.inner.offer(queue, msg, timeout))?
     }
 
     /// Takes the next message from `queue`; see [`AsyncClient::poll`].
     pub fn poll(&self, queue: &str, timeout: Duration) -> Result<Option<Message>> {
-        block_on(self.inner.poll(queue, timeout))?
+        self.block_on(self.inner.poll(queue, timeout))?
     }
 
     /// Creates a queue.
@@ -212,7 +395,7 @@ impl Client {
         capacity: u64,
         kind: ops::QueueKind,
     ) -> Result<ops::QueueStatus> {
-        block_on(self.inner.create_queue(name, capacity, kind))?
+        self.block_on(self.inner.create_queue(name, capacity, kind))?
     }
 
     /// Creates a queue named by the broker, removed when this connection closes.
@@ -221,69 +404,75 @@ impl Client {
         capacity: u64,
         kind: ops::QueueKind,
     ) -> Result<ops::QueueStatus> {
-        block_on(self.inner.create_temporary_queue(capacity, kind))?
+        self.block_on(self.inner.create_temporary_queue(capacity, kind))?
     }
 
     /// Removes a queue.
     pub fn remove_queue(&self, name: &str) -> Result<()> {
-        block_on(self.inner.remove_queue(name))?
+        self.block_on(self.inner.remove_queue(name))?
     }
 
     /// Whether a queue exists.
     pub fn exists_queue(&self, name: &str) -> Result<bool> {
-        block_on(self.inner.exists_queue(name))?
+        self.block_on(self.inner.exists_queue(name))?
     }
 
     /// The status of a queue.
     pub fn queue_status(&self, name: &str) -> Result<ops::QueueStatus> {
-        block_on(self.inner.queue_status(name))?
+        self.block_on(self.inner.queue_status(name))?
     }
 
     /// The status of every queue.
     pub fn list_queues(&self) -> Result<Vec<ops::QueueStatus>> {
-        block_on(self.inner.list_queues())?
+        self.block_on(self.inner.list_queues())?
     }
 
     /// Creates a topic.
     pub fn create_topic(&self, name: &str) -> Result<ops::TopicStatus> {
-        block_on(self.inner.create_topic(name))?
+        self.block_on(self.inner.create_topic(name))?
     }
 
     /// Removes a topic.
     pub fn remove_topic(&self, name: &str) -> Result<()> {
-        block_on(self.inner.remove_topic(name))?
+        self.block_on(self.inner.remove_topic(name))?
     }
 
     /// The status of a topic.
     pub fn topic_status(&self, name: &str) -> Result<ops::TopicStatus> {
-        block_on(self.inner.topic_status(name))?
+        self.block_on(self.inner.topic_status(name))?
     }
 
     /// The status of every topic.
     pub fn list_topics(&self) -> Result<Vec<ops::TopicStatus>> {
-        block_on(self.inner.list_topics())?
+        self.block_on(self.inner.list_topics())?
     }
 
     /// Publishes `msg` to `topic` and waits for the broker to accept it.
     pub fn publish(&self, topic: &str, msg: Message) -> Result<()> {
-        block_on(self.inner.publish(topic, msg))?
+        self.block_on(self.inner.publish(topic, msg))?
     }
 
     /// Publishes without waiting for the broker.
     pub fn publish_oneway(&self, topic: &str, msg: Message) -> Result<()> {
-        block_on(self.inner.publish_oneway(topic, msg))?
+        self.block_on(self.inner.publish_oneway(topic, msg))?
     }
 
     /// Subscribes to `topic`; see [`super::Subscription`] on back-pressure.
     pub fn subscribe(&self, topic: &str) -> Result<Subscription> {
-        let inner = block_on(self.inner.subscribe(topic))??;
-        Ok(Subscription { inner })
+        let inner = self.block_on(self.inner.subscribe(topic))??;
+        Ok(Subscription {
+            inner,
+            exec: self.exec.clone(),
+        })
     }
 
     /// Subscribes with a buffer of `buffer` deliveries.
     pub fn subscribe_with_buffer(&self, topic: &str, buffer: usize) -> Result<Subscription> {
-        let inner = block_on(self.inner.subscribe_with_buffer(topic, buffer))??;
-        Ok(Subscription { inner })
+        let inner = self.block_on(self.inner.subscribe_with_buffer(topic, buffer))??;
+        Ok(Subscription {
+            inner,
+            exec: self.exec.clone(),
+        })
     }
 
     /// Subscribes and runs `handler` on each delivery, in order, on a
@@ -292,18 +481,23 @@ impl Client {
     where
         F: Fn(Message) + Send + 'static,
     {
-        let inner = block_on(self.inner.subscribe_with(topic, handler))??;
-        Ok(SubscriptionHandle { inner })
+        let duty = self.exec.duty()?;
+        let inner = self.block_on(self.inner.subscribe_with(topic, handler))??;
+        Ok(SubscriptionHandle {
+            inner,
+            exec: self.exec.clone(),
+            _duty: duty,
+        })
     }
 
     /// Broker statistics.
     pub fn stats(&self) -> Result<ops::Stats> {
-        block_on(self.inner.stats())?
+        self.block_on(self.inner.stats())?
     }
 
     /// Measures one round trip to the broker.
     pub fn ping(&self) -> Result<Duration> {
-        block_on(self.inner.ping())?
+        self.block_on(self.inner.ping())?
     }
 }
 
@@ -314,12 +508,16 @@ impl Client {
 #[must_use = "the response is lost unless awaited or waited for"]
 pub struct ResponseFuture {
     task: std::result::Result<JoinHandle<Result<Message>>, Option<Error>>,
+    exec: Exec,
+    /// Someone drives the connection until the response is in.
+    _duty: Option<Duty>,
 }
 
 impl ResponseFuture {
     /// Blocks until the response arrives (bounded by the call's timeout).
     pub fn wait(self) -> Result<Message> {
-        block_on(self)?
+        let exec = self.exec.clone();
+        exec.block_on(self)?
     }
 }
 
@@ -345,6 +543,7 @@ impl Future for ResponseFuture {
 #[must_use = "dropping a Subscription unsubscribes"]
 pub struct Subscription {
     inner: super::Subscription,
+    exec: Exec,
 }
 
 impl Subscription {
@@ -353,7 +552,10 @@ impl Subscription {
     pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Option<Message>> {
         // The timer must be created on the runtime, hence the async block.
         let inner = &mut self.inner;
-        match block_on(async { tokio::time::timeout(timeout, inner.recv()).await })? {
+        match self
+            .exec
+            .block_on(async { tokio::time::timeout(timeout, inner.recv()).await })?
+        {
             Ok(Some(msg)) => Ok(Some(msg)),
             Ok(None) => Err(Error::SubscriptionEnded),
             Err(_) => Ok(None),
@@ -363,7 +565,9 @@ impl Subscription {
     /// The next delivery, waiting as long as it takes;
     /// [`Error::SubscriptionEnded`] once the subscription has ended.
     pub fn recv(&mut self) -> Result<Message> {
-        block_on(self.inner.recv())?.ok_or(Error::SubscriptionEnded)
+        self.exec
+            .block_on(self.inner.recv())?
+            .ok_or(Error::SubscriptionEnded)
     }
 
     /// The subscription id.
@@ -378,7 +582,7 @@ impl Subscription {
 
     /// Ends the subscription and waits for the broker to confirm.
     pub fn unsubscribe(self) -> Result<()> {
-        block_on(self.inner.unsubscribe())?
+        self.exec.block_on(self.inner.unsubscribe())?
     }
 }
 
@@ -395,6 +599,8 @@ impl Iterator for Subscription {
 #[must_use = "dropping a SubscriptionHandle unsubscribes"]
 pub struct SubscriptionHandle {
     inner: super::SubscriptionHandle,
+    exec: Exec,
+    _duty: Option<Duty>,
 }
 
 impl SubscriptionHandle {
@@ -410,7 +616,7 @@ impl SubscriptionHandle {
 
     /// Ends the subscription and waits for the broker to confirm.
     pub fn unsubscribe(self) -> Result<()> {
-        block_on(self.inner.unsubscribe())?
+        self.exec.block_on(self.inner.unsubscribe())?
     }
 }
 
@@ -419,6 +625,8 @@ impl SubscriptionHandle {
 #[must_use = "dropping a Worker stops serving the function"]
 pub struct Worker {
     inner: super::Worker,
+    exec: Exec,
+    _duty: Option<Duty>,
 }
 
 impl Worker {
@@ -429,6 +637,6 @@ impl Worker {
 
     /// Stops serving and waits for the broker to confirm.
     pub fn stop(self) -> Result<()> {
-        block_on(self.inner.stop())?
+        self.exec.block_on(self.inner.stop())?
     }
 }

@@ -12,16 +12,11 @@ use tokio::task::{AbortHandle, JoinHandle};
 use tubeway_proto::{
     codec, ops, Decoded, EncodedFrame, Message, MessageType, ResponseStatus, MIME_TEXT,
 };
-use tubeway_transport::{FrameReader, Url, WriteBatch};
+use tubeway_transport::{FrameReader, FrameWriter, Url, WaitStrategy};
 use uuid::Uuid;
 
 use super::worker::HandlerError;
 use crate::{Error, Result};
-
-/// Frames queued for the writer before senders wait: deep enough to batch
-/// pipelined calls into few system calls, bounded so a stalled socket pushes
-/// back on callers instead of growing memory.
-const WRITE_QUEUE: usize = 1024;
 
 /// A running handler invocation, as the reader task sees it.
 pub(crate) type HandlerTask = JoinHandle<std::result::Result<Message, HandlerError>>;
@@ -37,8 +32,8 @@ pub(crate) struct Conn {
 
 #[derive(Default)]
 struct State {
-    /// `None` once closed: dropping the last sender lets the writer flush and stop.
-    tx: Option<mpsc::Sender<EncodedFrame>>,
+    /// `None` once closed; closing it lets the writer flush and stop.
+    writer: Option<FrameWriter>,
     /// Why the connection closed, once it has.
     closed: Option<String>,
     /// Calls waiting for a `response`, by the id of the message they sent.
@@ -75,6 +70,7 @@ pub(crate) async fn establish(
     hello: &ops::Hello,
     connect_timeout: Duration,
     max_receive: usize,
+    wait: WaitStrategy,
 ) -> Result<Established> {
     let connect_err = |source| Error::Connect {
         url: url.to_string(),
@@ -90,16 +86,17 @@ pub(crate) async fn establish(
         })?
         .map_err(connect_err)?;
 
-    let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+    let (frame_writer, flusher) = FrameWriter::new(stream.writer);
     let conn = Arc::new(Conn {
         state: Mutex::new(State {
-            tx: Some(tx),
+            writer: Some(frame_writer),
             ..State::default()
         }),
         max_send: AtomicUsize::new(max_receive),
     });
-    let writer = tokio::spawn(write_loop(stream.writer, rx, Arc::downgrade(&conn)));
+    let writer = tokio::spawn(write_loop(flusher, Arc::downgrade(&conn)));
     let mut frames = FrameReader::new(stream.reader, max_receive);
+    frames.set_wait_strategy(wait);
 
     let handshake = async {
         let msg = Message::serialize(hello)?.with_type(MessageType::Hello);
@@ -178,13 +175,8 @@ async fn read_welcome(frames: &mut FrameReader, hello_id: Uuid) -> Result<ops::W
         .map_err(|e| Error::Handshake(format!("bad welcome: {e}")))
 }
 
-async fn write_loop(
-    w: tubeway_transport::BoxWrite,
-    rx: mpsc::Receiver<EncodedFrame>,
-    conn: Weak<Conn>,
-) {
-    let stats = WriteBatch::default();
-    if let Err(e) = tubeway_transport::write_frames(w, rx, &stats).await {
+async fn write_loop(flusher: impl std::future::Future<Output = io::Result<()>>, conn: Weak<Conn>) {
+    if let Err(e) = flusher.await {
         tracing::debug!("tubeway connection write failed: {e}");
         if let Some(conn) = conn.upgrade() {
             conn.close(&format!("write failed: {e}"));
@@ -322,19 +314,20 @@ impl Conn {
         self.max_send.load(Ordering::Relaxed)
     }
 
-    /// Queues a frame for the writer, waiting while the queue is full.
+    /// Sends a frame: written at once when the connection is idle, queued
+    /// otherwise; waits while the write queue is full.
     pub(crate) async fn send_frame(&self, frame: EncodedFrame) -> Result<()> {
-        let tx = self.lock().tx.clone();
-        match tx {
-            Some(tx) => tx.send(frame).await.map_err(|_| self.closed_error()),
+        let writer = self.lock().writer.clone();
+        match writer {
+            Some(w) => w.send(frame).await.map_err(|_| self.closed_error()),
             None => Err(self.closed_error()),
         }
     }
 
-    /// Queues a frame if there is room now; for drop paths, which cannot wait.
+    /// Sends a frame if that needs no waiting; for drop paths, which cannot wait.
     pub(crate) fn try_send_frame(&self, frame: EncodedFrame) -> bool {
-        let tx = self.lock().tx.clone();
-        tx.is_some_and(|tx| tx.try_send(frame).is_ok())
+        let writer = self.lock().writer.clone();
+        writer.is_some_and(|w| w.try_send(frame).unwrap_or(false))
     }
 
     /// Registers a call waiting for the response to `msg`. A message id
@@ -412,14 +405,14 @@ impl Conn {
     /// subscription and worker, stops the reader, and lets the writer flush
     /// what is queued and shut the stream down. Idempotent.
     pub(crate) fn close(&self, reason: &str) {
-        let (tx, pending, subscriptions, workers, reader) = {
+        let (writer, pending, subscriptions, workers, reader) = {
             let mut s = self.lock();
             if s.closed.is_some() {
                 return;
             }
             s.closed = Some(reason.to_owned());
             (
-                s.tx.take(),
+                s.writer.take(),
                 std::mem::take(&mut s.pending),
                 std::mem::take(&mut s.subscriptions),
                 std::mem::take(&mut s.workers),
@@ -427,7 +420,10 @@ impl Conn {
             )
         };
         // Dropped outside the lock: waking waiters must not contend on it.
-        drop((tx, pending, subscriptions, workers));
+        if let Some(w) = &writer {
+            w.close();
+        }
+        drop((writer, pending, subscriptions, workers));
         if let Some(reader) = reader {
             reader.abort();
         }

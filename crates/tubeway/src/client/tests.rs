@@ -5,8 +5,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tubeway_proto::{codec, ops, Decoded, EncodedFrame, Message, MessageType, ResponseStatus};
-use tubeway_transport::{FrameReader, Listener, Url, WriteBatch};
+use tubeway_proto::{codec, ops, Decoded, Message, MessageType, ResponseStatus};
+use tubeway_transport::{FrameReader, FrameWriter, Listener, Url};
 use uuid::Uuid;
 
 use super::{AsyncClient, ClientOptions};
@@ -24,7 +24,7 @@ async fn within<F: Future>(f: F) -> F::Output {
 /// The broker side of one connection, driven by the test.
 struct Peer {
     frames: FrameReader,
-    tx: mpsc::Sender<EncodedFrame>,
+    tx: FrameWriter,
 }
 
 impl Peer {
@@ -68,11 +68,8 @@ fn mem_url() -> Url {
 /// Accepts one connection on `url` without answering anything.
 async fn accept(listener: &mut Listener) -> Peer {
     let conn = within(listener.accept()).await.unwrap();
-    let (tx, rx) = mpsc::channel(64);
-    tokio::spawn(async move {
-        let stats = WriteBatch::default();
-        let _ = tubeway_transport::write_frames(conn.writer, rx, &stats).await;
-    });
+    let (tx, flusher) = FrameWriter::new(conn.writer);
+    tokio::spawn(flusher);
     Peer {
         frames: FrameReader::new(conn.reader, tubeway_proto::MAX_MESSAGE_SIZE_LIMIT),
         tx,

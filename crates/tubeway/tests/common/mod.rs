@@ -2,7 +2,9 @@
 //!
 //! Every broker test is an `async fn name(h: &Harness)` listed in
 //! [`transport_tests!`], which generates one test per transport (`tcp::name`,
-//! `unix::name`, `mem::name`). Each test gets an embedded broker of its own,
+//! `unix::name`, `mem::name`, and `tcp_spin::name`: tcp in latency mode, where
+//! every connection's reader on both sides polls before it sleeps and the
+//! broker serves each connection on a thread of its own). Each test gets an embedded broker of its own,
 //! started on the test's runtime and shut down when the body returns, and the
 //! body is bounded by [`TEST_TIMEOUT`].
 #![allow(dead_code)]
@@ -27,7 +29,15 @@ pub enum Transport {
     Tcp,
     Unix,
     Mem,
+    /// tcp in latency mode.
+    TcpSpin,
 }
+
+/// How readers wait in latency mode. Spin then park, not busy-spin: tests
+/// run in parallel on few cores, and idle connections must not burn them.
+pub const SPIN: tubeway::WaitStrategy = tubeway::WaitStrategy::SpinPark {
+    spin: Duration::from_micros(100),
+};
 
 /// An embedded broker serving one address, for one test.
 #[derive(Debug)]
@@ -51,10 +61,14 @@ fn unique_suffix() -> String {
 impl Harness {
     /// Starts a broker with `config` listening on a fresh address of `transport`.
     pub async fn start(transport: Transport, config: BrokerConfig) -> Harness {
+        let config = match transport {
+            Transport::TcpSpin => config.wait(SPIN),
+            _ => config,
+        };
         let broker = Broker::new(config);
         let mut unix_path = None;
         let listen: tubeway::Url = match transport {
-            Transport::Tcp => "tcp://127.0.0.1:0".parse().unwrap(),
+            Transport::Tcp | Transport::TcpSpin => "tcp://127.0.0.1:0".parse().unwrap(),
             Transport::Unix => {
                 let path = std::env::temp_dir().join(format!("tw-{}.sock", unique_suffix()));
                 unix_path = Some(path.clone());
@@ -77,8 +91,26 @@ impl Harness {
 
     /// A new connection to the broker.
     pub async fn client(&self) -> AsyncClient {
-        within(STEP, AsyncClient::connect(&self.url))
-            .await
+        within(
+            STEP,
+            AsyncClient::connect_with(&self.url, self.client_options()),
+        )
+        .await
+        .expect("the client connects")
+    }
+
+    /// The options of a client of this test's transport.
+    pub fn client_options(&self) -> tubeway::ClientOptions {
+        let mut options = tubeway::ClientOptions::default();
+        if self.transport == Transport::TcpSpin {
+            options.wait = SPIN;
+        }
+        options
+    }
+
+    /// A blocking client of this test's transport; call it on a plain thread.
+    pub fn blocking_client(&self) -> tubeway::Client {
+        tubeway::Client::connect_with(&self.url, self.client_options())
             .expect("the client connects")
     }
 
@@ -191,7 +223,7 @@ pub fn default_config() -> BrokerConfig {
 }
 
 /// Generates, for each `async fn name(h: &Harness)` listed, one test per
-/// transport: `tcp::name`, `unix::name`, `mem::name`. `name with config`
+/// transport: `tcp::name`, `unix::name`, `mem::name`, `tcp_spin::name`. `name with config`
 /// starts the broker with `config` instead of the default; attributes before
 /// a name (`#[ignore = "..."]`) go on its generated tests.
 #[macro_export]
@@ -214,6 +246,12 @@ macro_rules! transport_tests {
             #[allow(unused_imports)]
             use super::*;
             $crate::transport_tests!(@each Mem; $($(#[$attr])* $name $(with $cfg)?),*);
+        }
+        mod tcp_spin {
+            // The configuration expressions name items of the test file.
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::transport_tests!(@each TcpSpin; $($(#[$attr])* $name $(with $cfg)?),*);
         }
     };
     (@config) => { $crate::common::default_config() };
