@@ -42,10 +42,10 @@ def emit(result: Dict[str, Any]) -> None:
 # ----------------------------------------------------------------- latency
 
 
-def latency_tubeway_a(url: str, n: int, warmup: int) -> None:
+def latency_tubeway_a(url: str, n: int, warmup: int, wait: str) -> None:
     import tubeway
 
-    with tubeway.queue(url, "server") as q:
+    with tubeway.queue(url, "server", wait=wait) as q:
         print("URL " + q.url, flush=True)
         assert q.wait_for_peers(1, timeout=30)
         payload = b"x" * 16
@@ -60,10 +60,10 @@ def latency_tubeway_a(url: str, n: int, warmup: int) -> None:
         emit({"rtt_ns": rtts})
 
 
-def latency_tubeway_b(url: str) -> None:
+def latency_tubeway_b(url: str, wait: str) -> None:
     import tubeway
 
-    with tubeway.queue(url, "client", timeout=30) as q:
+    with tubeway.queue(url, "client", timeout=30, wait=wait) as q:
         while True:
             peer, obj = q.get()
             if bytes(obj) == b"stop":
@@ -331,9 +331,16 @@ def bench_latency(n: int, warmup: int, tmp: str) -> List[Dict[str, Any]]:
     for transport in ("tcp", "unix", "shm"):
         if not supported(transport):
             rows.append({"what": f"tubeway.queue, {transport}", "skipped": "transport not available in this build"})
-            continue
-        r = run_pair("latency-tubeway", ["--url", address(transport, tmp, "lat"), "-n", str(n), "--warmup", str(warmup)], [])
-        rows.append({"what": f"tubeway.queue, {transport}", **r})
+    for wait in ("park", "spin-park:50us"):
+        for transport in ("tcp", "unix", "shm"):
+            if not supported(transport):
+                continue
+            r = run_pair(
+                "latency-tubeway",
+                ["--url", address(transport, tmp, "lat"), "-n", str(n), "--warmup", str(warmup), "--wait", wait],
+                ["--wait", wait],
+            )
+            rows.append({"what": f"tubeway.queue, {transport}, wait={wait}", **r})
     for row in rows:
         if "rtt_ns" in row:
             rtts = row.pop("rtt_ns")
@@ -380,6 +387,7 @@ def main() -> None:
     p.add_argument("--pattern")
     p.add_argument("-n", type=int, default=0)
     p.add_argument("--warmup", type=int, default=0)
+    p.add_argument("--wait", default="park")
     p.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
     p.add_argument("--only", choices=["latency", "throughput"])
     p.add_argument("--transports", default="tcp,unix,shm", help="for throughput (default: tcp,unix,shm)")
@@ -388,8 +396,8 @@ def main() -> None:
 
     if a.side:
         side = {
-            ("latency-tubeway", "a"): lambda: latency_tubeway_a(a.url, a.n, a.warmup),
-            ("latency-tubeway", "b"): lambda: latency_tubeway_b(a.url),
+            ("latency-tubeway", "a"): lambda: latency_tubeway_a(a.url, a.n, a.warmup, a.wait),
+            ("latency-tubeway", "b"): lambda: latency_tubeway_b(a.url, a.wait),
             ("latency-socket", "a"): lambda: latency_socket_a(a.family, a.address, a.n, a.warmup),
             ("latency-socket", "b"): lambda: latency_socket_b(a.url),
             ("throughput-tubeway", "a"): lambda: throughput_tubeway_a(a.url, a.pattern, a.n),

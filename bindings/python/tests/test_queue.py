@@ -273,3 +273,19 @@ def test_handlers_do_not_hold_the_io_threads(addresses: Addresses) -> None:
             pass
         got = [s.get(timeout=0)[1] for _ in range(100)]
         assert got == list(range(100))
+
+
+def test_latency_mode(addresses: Addresses) -> None:
+    with tubeway.queue(addresses.new(), "server", wait="spin-park:20us") as s:
+        with tubeway.queue(s.url, "client", wait="spin-park:20us") as c:
+            for i in range(20):
+                c.put(i)
+                peer, got = s.get(timeout=10)
+                assert got == i
+                s.put(i, peer)
+                assert c.get(timeout=10) == (0, i)
+    for never_sleeps in ("busy-spin", "spin-yield:10us"):
+        with pytest.raises(ValueError, match="never sleeps"):
+            tubeway.queue(addresses.new(), "server", wait=never_sleeps)
+    with pytest.raises(ValueError):
+        tubeway.queue(addresses.new(), "server", wait="nap")

@@ -21,6 +21,7 @@ class Queue:
         allow: Optional[Iterable[Union[str, type]]] = None,
         timeout: float = 10.0,
         max_message_size: int = 1 << 30,
+        wait: str = "park",
     ) -> None:
         if isinstance(serializer, Serializer):
             if allow is not None:
@@ -28,7 +29,7 @@ class Queue:
             self._serializer = serializer
         else:
             self._serializer = Serializer(serializer, allow)
-        self._endpoint = Endpoint(url, role, timeout=timeout, max_message_size=max_message_size)
+        self._endpoint = Endpoint(url, role, timeout=timeout, max_message_size=max_message_size, wait=wait)
 
     @property
     def url(self) -> str:
@@ -94,6 +95,7 @@ def queue(
     allow: Optional[Iterable[Union[str, type]]] = None,
     timeout: float = 10.0,
     max_message_size: int = 1 << 30,
+    wait: str = "park",
 ) -> Queue:
     """A point-to-point queue over ``url`` (``tcp://``, ``unix://``, ``shm://``).
 
@@ -107,5 +109,18 @@ def queue(
     (see :func:`tubeway.pickle_allowing`). Without it, **a peer that can
     connect can run code in this process**: use ``allow`` or json/msgpack
     with peers you do not trust.
+
+    ``wait`` is how ``get`` waits: ``"park"`` (sleep until an object comes,
+    the default) or ``"spin-park:50us"`` (latency mode: poll for that long
+    first, which saves a thread wake-up when the answer is quick, at the
+    price of a busy core meanwhile).
     """
-    return Queue(url, role, serializer=serializer, allow=allow, timeout=timeout, max_message_size=max_message_size)
+    return Queue(
+        url,
+        role,
+        serializer=serializer,
+        allow=allow,
+        timeout=timeout,
+        max_message_size=max_message_size,
+        wait=wait,
+    )

@@ -261,7 +261,9 @@ class Server:
 class Endpoint:
     """The native half of tubeway.queue (use tubeway.queue)."""
 
-    def __init__(self, url: str, role: str, *, timeout: float = 10.0, max_message_size: int = ...) -> None: ...
+    def __init__(
+        self, url: str, role: str, *, timeout: float = 10.0, max_message_size: int = ..., wait: str = "park"
+    ) -> None: ...
     @property
     def url(self) -> str: ...
     @property

@@ -222,9 +222,17 @@ async def queue(
     allow: Optional[Any] = None,
     timeout: float = 10.0,
     max_message_size: int = 1 << 30,
+    wait: str = "park",
 ) -> Queue:
     """:func:`tubeway.queue`, awaitable."""
     q = await _run(
-        _BlockingQueue, url, role, serializer=serializer, allow=allow, timeout=timeout, max_message_size=max_message_size
+        _BlockingQueue,
+        url,
+        role,
+        serializer=serializer,
+        allow=allow,
+        timeout=timeout,
+        max_message_size=max_message_size,
+        wait=wait,
     )
     return Queue(q)

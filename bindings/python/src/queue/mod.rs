@@ -17,7 +17,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyTuple};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
-use tubeway_transport::{connect, Listener, Url};
+use tubeway_transport::{connect, Listener, Url, WaitStrategy};
 
 use crate::message::COPY_BELOW;
 use crate::runtime::{seconds, wait};
@@ -77,6 +77,25 @@ pub struct PyEndpoint {
     accept: Mutex<Option<JoinHandle<()>>>,
     url: String,
     server: bool,
+    /// How long `get` polls before it sleeps (zero: sleep at once).
+    spin: Duration,
+}
+
+/// The polling budget of a wait strategy (`park`, `spin-park:50us`): only
+/// strategies that end up sleeping, so that nothing spins a core for as
+/// long as a wait lasts.
+fn spin_budget(wait: &str) -> PyResult<Duration> {
+    let strategy: WaitStrategy =
+        wait.parse()
+            .map_err(|e: tubeway_transport::WaitStrategyError| {
+                pyo3::exceptions::PyValueError::new_err(e.to_string())
+            })?;
+    match (strategy.parks(), strategy.spin()) {
+        (true, Some(spin)) => Ok(spin),
+        _ => Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "wait strategy {wait:?} never sleeps; a queue takes 'park' or 'spin-park:DURATION'"
+        ))),
+    }
 }
 
 /// A resolved future, shared by every `put` whose data was copied.
@@ -141,14 +160,16 @@ impl PyEndpoint {
     /// Listens on `url` (role "server") or connects to it (role "client",
     /// retrying until `timeout` seconds while the server is not up yet).
     #[new]
-    #[pyo3(signature = (url, role, *, timeout=10.0, max_message_size=1<<30))]
+    #[pyo3(signature = (url, role, *, timeout=10.0, max_message_size=1<<30, wait="park"))]
     fn new(
         py: Python<'_>,
         url: &str,
         role: &str,
         timeout: f64,
         max_message_size: usize,
+        wait: &str,
     ) -> PyResult<Self> {
+        let spin = spin_budget(wait)?;
         let parsed: Url = url.parse().map_err(|e: tubeway_transport::UrlError| {
             pyo3::exceptions::PyValueError::new_err(e.to_string())
         })?;
@@ -172,7 +193,7 @@ impl PyEndpoint {
             next_peer: AtomicU64::new(1),
         });
         let (accept, bound) = if server {
-            let mut listener = wait(py, Listener::bind(&parsed))?.map_err(|e| {
+            let mut listener = crate::runtime::wait(py, Listener::bind(&parsed))?.map_err(|e| {
                 errors::ConnectError::new_err(format!("cannot listen on {url}: {e}"))
             })?;
             let bound = listener.local_url().to_string();
@@ -186,7 +207,7 @@ impl PyEndpoint {
             (Some(task), bound)
         } else {
             let deadline = Instant::now() + timeout;
-            let conn = wait(py, async {
+            let conn = crate::runtime::wait(py, async {
                 loop {
                     match connect(&parsed).await {
                         Ok(conn) => return Ok(conn),
@@ -206,6 +227,7 @@ impl PyEndpoint {
             accept: Mutex::new(accept),
             url: bound,
             server,
+            spin,
         })
     }
 
@@ -345,6 +367,7 @@ impl PyEndpoint {
         let timeout = seconds(timeout)?;
         let shared = self.shared.clone();
         let server = self.server;
+        let spin = self.spin;
         if self.is_closed() {
             return Err(errors::closed("queue"));
         }
@@ -362,6 +385,17 @@ impl PyEndpoint {
                 };
                 if orphan {
                     return None;
+                }
+                // Latency mode: poll for a while before sleeping, which saves
+                // the wake-up of this thread when the answer comes quickly.
+                if !spin.is_zero() {
+                    let until = Instant::now() + spin;
+                    while Instant::now() < until {
+                        if let Ok(ev) = inbox.try_recv() {
+                            return Some(ev);
+                        }
+                        std::hint::spin_loop();
+                    }
                 }
                 inbox.recv().await
             };
