@@ -16,11 +16,10 @@ import asyncio
 import concurrent.futures
 import functools
 import inspect
-from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 from . import _tubeway
 from ._queue import Queue as _BlockingQueue
-from ._serializers import Serializer
 
 T = TypeVar("T")
 
@@ -214,25 +213,6 @@ class Queue:
         await self.close()
 
 
-async def queue(
-    url: str,
-    role: str = "server",
-    *,
-    serializer: Union[str, Serializer] = "auto",
-    allow: Optional[Any] = None,
-    timeout: float = 10.0,
-    max_message_size: int = 1 << 30,
-    wait: str = "park",
-) -> Queue:
-    """:func:`tubeway.queue`, awaitable."""
-    q = await _run(
-        _BlockingQueue,
-        url,
-        role,
-        serializer=serializer,
-        allow=allow,
-        timeout=timeout,
-        max_message_size=max_message_size,
-        wait=wait,
-    )
-    return Queue(q)
+async def queue(url: str, role: str = "server", **options: Any) -> Queue:
+    """:func:`tubeway.queue`, awaitable; takes the same options."""
+    return Queue(await _run(_BlockingQueue, url, role, **options))
