@@ -5,13 +5,14 @@
 use pyo3::prelude::*;
 use tubeway::{HandlerError, Message};
 
+use crate::gil_jobs;
 use crate::message::{to_message, PyMessage};
 
 /// Calls `handler(message)` and makes a reply of what it returns: `None` is
 /// an empty reply; a `Message`, str, bytes-like or JSON-compatible value is
 /// the reply's payload. An exception becomes the error, with its message.
 pub fn call_function(handler: &Py<PyAny>, msg: Message) -> Result<Message, HandlerError> {
-    Python::attach(|py| {
+    gil_jobs::attach(|py| {
         let out = handler
             .call1(py, (PyMessage::new(msg),))
             .map_err(|e| exception_text(py, &e))?;
@@ -21,12 +22,13 @@ pub fn call_function(handler: &Py<PyAny>, msg: Message) -> Result<Message, Handl
         }
         to_message(out).map_err(|e| exception_text(py, &e))
     })
+    .unwrap_or_else(|| Err("the Python interpreter is exiting".into()))
 }
 
 /// Calls `callback(message)` for a subscription; an exception is reported
 /// as unraisable (printed to stderr) and the next delivery still runs.
 pub fn call_subscriber(callback: &Py<PyAny>, msg: Message) {
-    Python::attach(|py| {
+    gil_jobs::attach(|py| {
         if let Err(e) = callback.call1(py, (PyMessage::new(msg),)) {
             e.write_unraisable(py, Some(callback.bind(py)));
         }

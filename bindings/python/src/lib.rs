@@ -32,5 +32,9 @@ fn _tubeway(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<subscription::PyWorker>()?;
     m.add_class::<queue::PyEndpoint>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    let at_exit = wrap_pyfunction!(gil_jobs::at_exit, m)?;
+    m.py()
+        .import("atexit")?
+        .call_method1("register", (at_exit,))?;
     Ok(())
 }

@@ -83,3 +83,39 @@ def test_a_forked_child_gets_a_clear_error(tcp_server: tubeway.Server) -> None:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+EXIT_BUSY = """
+import threading, time, numpy as np, tubeway
+server = tubeway.Server(["tcp://127.0.0.1:0"])
+started = threading.Event()
+def slow(m):
+    started.set()
+    time.sleep(0.05)
+    return m
+server.create_function("slow", slow)
+client = tubeway.Client(server.url)
+client.create_topic("t")
+client.subscribe("t", lambda m: time.sleep(0.01))
+pending = [client.send_async("slow", str(i)) for i in range(50)]
+for i in range(50):
+    client.publish_oneway("t", str(i))
+q = tubeway.queue("tcp://127.0.0.1:0", "server")
+c = tubeway.queue(q.url, "client")
+# A reader that keeps buffers being released (on the GIL thread) while
+# the interpreter exits.
+threading.Thread(target=lambda: [q.get() for _ in iter(int, 1)], daemon=True).start()
+big = np.zeros(4 << 20)
+for _ in range(400):
+    c.put(big)
+started.wait(10)
+print("exiting", flush=True)
+# Exit with handlers, callbacks, buffers and futures in flight.
+"""
+
+
+def test_exit_with_work_in_flight_is_clean() -> None:
+    from conftest import finish, python
+
+    for _ in range(3):
+        assert finish(python(EXIT_BUSY), timeout=60) == ["exiting"]

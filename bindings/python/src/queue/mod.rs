@@ -25,7 +25,7 @@ use crate::{buffer, errors, gil_jobs, pyfuture};
 use peer::{Event, Peer};
 
 /// Received bytes an endpoint holds for `get` before its readers wait.
-const INBOX_BUDGET: u32 = 64 << 20;
+const INBOX_BUDGET: u32 = 16 << 20;
 /// Pause between attempts while a client waits for its server to listen.
 const CONNECT_RETRY: Duration = Duration::from_millis(20);
 
