@@ -202,3 +202,21 @@ impl PyServer {
         format!("tubeway.Server({:?})", self.urls)
     }
 }
+
+impl Drop for PyServer {
+    /// A server dropped without `close()` shuts down on a thread of its own:
+    /// shutting down waits for calls in flight, whose Python handlers need
+    /// the GIL that the dropping thread holds.
+    fn drop(&mut self) {
+        let server = self
+            .server
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(server) = server {
+            let _ = std::thread::Builder::new()
+                .name("tubeway-py-shutdown".into())
+                .spawn(move || server.shutdown());
+        }
+    }
+}

@@ -119,3 +119,49 @@ def test_exit_with_work_in_flight_is_clean() -> None:
 
     for _ in range(3):
         assert finish(python(EXIT_BUSY), timeout=60) == ["exiting"]
+
+
+def test_dropping_a_server_with_calls_in_flight_does_not_block() -> None:
+    server = tubeway.Server(["tcp://127.0.0.1:0"], shutdown_timeout=5.0)
+    started = threading.Event()
+
+    def slow(m: tubeway.Message) -> str:
+        started.set()
+        time.sleep(0.5)  # the handler holds a call in flight; it needs the GIL to finish
+        return "done"
+
+    server.create_function("slow", slow)
+    client = tubeway.Client(server.url)
+    pending = client.send_async("slow", "x")
+    assert started.wait(10)
+    start = time.monotonic()
+    del server  # no close(): shut down in the background
+    assert time.monotonic() - start < 0.4
+    assert pending.result(timeout=10).text == "done"
+    client.close()
+
+
+def test_dropping_a_queue_stops_listening(addresses) -> None:  # type: ignore[no-untyped-def]
+    import gc
+
+    url = addresses.new()
+    if url.startswith("tcp"):
+        first = tubeway.queue(url, "server")
+        url = first.url  # the port it got, to listen on again
+    else:
+        first = tubeway.queue(url, "server")
+    c = tubeway.queue(url, "client")
+    del first
+    gc.collect()
+    with pytest.raises(tubeway.ConnectionClosed):
+        c.get(timeout=10)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            again = tubeway.queue(url, "server")
+            break
+        except tubeway.ConnectError:
+            assert time.monotonic() < deadline, "the dropped queue still listens"
+            time.sleep(0.02)
+    again.close()
+    c.close()

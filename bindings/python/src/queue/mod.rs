@@ -68,6 +68,42 @@ impl Shared {
     }
 }
 
+impl Drop for PyEndpoint {
+    /// An endpoint dropped without `close()` stops listening and closes its
+    /// connections in the background, after writing what was put.
+    fn drop(&mut self) {
+        if let Some(task) = self
+            .accept
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            task.abort();
+        }
+        let peers: Vec<Peer> = {
+            let mut state = self
+                .shared
+                .peers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            state.closed = true;
+            state.live.drain().map(|(_, p)| p).collect()
+        };
+        if peers.is_empty() {
+            return;
+        }
+        if let Ok(rt) = crate::runtime::runtime() {
+            rt.spawn(async move {
+                for p in peers {
+                    p.outbox.close().await;
+                    let _ = p.writer_task.await;
+                    p.reader.abort();
+                }
+            });
+        }
+    }
+}
+
 /// The native queue endpoint.
 #[pyclass(name = "Endpoint", module = "tubeway", frozen)]
 #[derive(Debug)]
