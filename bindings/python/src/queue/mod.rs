@@ -72,35 +72,22 @@ impl Drop for PyEndpoint {
     /// An endpoint dropped without `close()` stops listening and closes its
     /// connections in the background, after writing what was put.
     fn drop(&mut self) {
-        if let Some(task) = self
-            .accept
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            task.abort();
-        }
-        let peers: Vec<Peer> = {
-            let mut state = self
-                .shared
-                .peers
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            state.closed = true;
-            state.live.drain().map(|(_, p)| p).collect()
-        };
+        let peers = self.shut();
         if peers.is_empty() {
             return;
         }
         if let Ok(rt) = crate::runtime::runtime() {
-            rt.spawn(async move {
-                for p in peers {
-                    p.outbox.close().await;
-                    let _ = p.writer_task.await;
-                    p.reader.abort();
-                }
-            });
+            rt.spawn(close_peers(peers));
         }
+    }
+}
+
+/// Writes what was put to each peer, then closes its connection.
+async fn close_peers(peers: Vec<Peer>) {
+    for p in peers {
+        p.outbox.close().await;
+        let _ = p.writer_task.await;
+        p.reader.abort();
     }
 }
 
@@ -157,6 +144,25 @@ impl Drop for PutDone {
 }
 
 impl PyEndpoint {
+    /// Stops listening and marks the endpoint closed; returns its peers.
+    fn shut(&self) -> Vec<Peer> {
+        if let Some(task) = self
+            .accept
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            task.abort();
+        }
+        let mut state = self
+            .shared
+            .peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        state.closed = true;
+        state.live.drain().map(|(_, p)| p).collect()
+    }
+
     fn is_closed(&self) -> bool {
         self.shared
             .peers
@@ -493,32 +499,9 @@ impl PyEndpoint {
     #[pyo3(signature = (timeout=5.0))]
     fn close(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
         let timeout = seconds(Some(timeout))?.unwrap_or_default();
-        if let Some(task) = self
-            .accept
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            task.abort();
-        }
-        let peers: Vec<Peer> = {
-            let mut state = self
-                .shared
-                .peers
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            state.closed = true;
-            state.live.drain().map(|(_, p)| p).collect()
-        };
+        let peers = self.shut();
         wait(py, async move {
-            let flush = async {
-                for p in peers {
-                    p.outbox.close().await;
-                    let _ = p.writer_task.await;
-                    p.reader.abort();
-                }
-            };
-            let _ = tokio::time::timeout(timeout, flush).await;
+            let _ = tokio::time::timeout(timeout, close_peers(peers)).await;
         })?;
         // Wake a get() waiting on the inbox.
         let _ = self.shared.inbox_tx.send(Event::Left {
