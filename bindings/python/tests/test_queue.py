@@ -289,3 +289,21 @@ def test_latency_mode(addresses: Addresses) -> None:
             tubeway.queue(addresses.new(), "server", wait=never_sleeps)
     with pytest.raises(ValueError):
         tubeway.queue(addresses.new(), "server", wait="nap")
+
+
+def test_latency_mode_with_a_second_peer_joining(addresses: Addresses) -> None:
+    # get() reads inline while there is one peer, and from the read-ahead
+    # tasks once there are two; nothing is lost or reordered in the switch.
+    with tubeway.queue(addresses.new(), "server", wait="spin-park:20us") as s:
+        first = tubeway.queue(s.url, "client")
+        assert s.wait_for_peers(1, timeout=10)
+        for i in range(5):
+            first.put(i)
+        assert [s.get(timeout=10)[1] for _ in range(3)] == [0, 1, 2]
+        second = tubeway.queue(s.url, "client")
+        assert s.wait_for_peers(2, timeout=10)
+        second.put("b")
+        got = sorted((str(s.get(timeout=10)[1]) for _ in range(3)))
+        assert got == ["3", "4", "b"]
+        first.close()
+        second.close()

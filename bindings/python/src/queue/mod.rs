@@ -63,6 +63,12 @@ impl Shared {
             return;
         }
         peers.live.insert(id, peer);
+        if peers.live.len() > 1 {
+            // `get` reads inline only while there is one peer.
+            for p in peers.live.values() {
+                p.reading.resume();
+            }
+        }
         drop(peers);
         self.joined.notify_waiters();
     }
@@ -100,21 +106,20 @@ pub struct PyEndpoint {
     accept: Mutex<Option<JoinHandle<()>>>,
     url: String,
     server: bool,
-    /// How long `get` polls before it sleeps (zero: sleep at once).
-    spin: Duration,
+    /// How `get` waits: `park`, or polling first (latency mode).
+    wait: WaitStrategy,
 }
 
-/// The polling budget of a wait strategy (`park`, `spin-park:50us`): only
-/// strategies that end up sleeping, so that nothing spins a core for as
-/// long as a wait lasts.
-fn spin_budget(wait: &str) -> PyResult<Duration> {
+/// A wait strategy (`park`, `spin-park:50us`): only strategies that end up
+/// sleeping, so that nothing spins a core for as long as a wait lasts.
+fn wait_strategy(wait: &str) -> PyResult<WaitStrategy> {
     let strategy: WaitStrategy =
         wait.parse()
             .map_err(|e: tubeway_transport::WaitStrategyError| {
                 pyo3::exceptions::PyValueError::new_err(e.to_string())
             })?;
     match (strategy.parks(), strategy.spin()) {
-        (true, Some(spin)) => Ok(spin),
+        (true, Some(_)) => Ok(strategy),
         _ => Err(pyo3::exceptions::PyValueError::new_err(format!(
             "wait strategy {wait:?} never sleeps; a queue takes 'park' or 'spin-park:DURATION'"
         ))),
@@ -161,6 +166,20 @@ impl PyEndpoint {
             .unwrap_or_else(PoisonError::into_inner);
         state.closed = true;
         state.live.drain().map(|(_, p)| p).collect()
+    }
+
+    /// The peer and its read side, when exactly one peer is connected.
+    fn only_peer(&self) -> Option<(u64, Arc<peer::Reading>)> {
+        let state = self
+            .shared
+            .peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut live = state.live.iter();
+        match (live.next(), live.next()) {
+            (Some((id, p)), None) => Some((*id, p.reading.clone())),
+            _ => None,
+        }
     }
 
     fn is_closed(&self) -> bool {
@@ -211,7 +230,7 @@ impl PyEndpoint {
         max_message_size: usize,
         wait: &str,
     ) -> PyResult<Self> {
-        let spin = spin_budget(wait)?;
+        let wait = wait_strategy(wait)?;
         let parsed: Url = url.parse().map_err(|e: tubeway_transport::UrlError| {
             pyo3::exceptions::PyValueError::new_err(e.to_string())
         })?;
@@ -269,7 +288,7 @@ impl PyEndpoint {
             accept: Mutex::new(accept),
             url: bound,
             server,
-            spin,
+            wait,
         })
     }
 
@@ -409,7 +428,12 @@ impl PyEndpoint {
         let timeout = seconds(timeout)?;
         let shared = self.shared.clone();
         let server = self.server;
-        let spin = self.spin;
+        let strategy = self.wait;
+        let inline = if strategy.spins() {
+            self.only_peer()
+        } else {
+            None
+        };
         if self.is_closed() {
             return Err(errors::closed("queue"));
         }
@@ -428,15 +452,12 @@ impl PyEndpoint {
                 if orphan {
                     return None;
                 }
-                // Latency mode: poll for a while before sleeping, which saves
-                // the wake-up of this thread when the answer comes quickly.
-                if !spin.is_zero() {
-                    let until = Instant::now() + spin;
-                    while Instant::now() < until {
-                        if let Ok(ev) = inbox.try_recv() {
-                            return Some(ev);
-                        }
-                        std::hint::spin_loop();
+                // Latency mode, one peer: read on this thread, polling for a
+                // while before sleeping, which wakes no thread when the
+                // answer comes quickly.
+                if let Some((peer, reading)) = inline {
+                    if let Some(ev) = reading.inline(peer, &mut inbox, strategy).await {
+                        return Some(ev);
                     }
                 }
                 inbox.recv().await
