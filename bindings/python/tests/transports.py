@@ -33,7 +33,7 @@ def _supported(transport: str) -> bool:
     return True
 
 
-_SUPPORT = {}
+_SUPPORT: "dict[str, bool]" = {}
 
 
 def supported(transport: str) -> bool:

@@ -93,7 +93,8 @@ class _PayloadMember:
 
 
 def _install_payload_members() -> None:
-    m = _tubeway.Message
+    # The stubs describe the result; the native class is patched untyped.
+    m: Any = _tubeway.Message
     m.plain_text = staticmethod(m._plain_text)
     m.text = _PayloadMember(
         "text",

@@ -160,7 +160,7 @@ class Serializer:
 
 def _msgpack() -> Any:
     try:
-        import msgpack
+        import msgpack  # type: ignore[import-untyped,unused-ignore]
     except ImportError:
         raise SerializationError("serializer 'msgpack' needs the msgpack package (pip install msgpack)") from None
     return msgpack
