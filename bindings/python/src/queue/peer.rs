@@ -141,8 +141,10 @@ pub fn start(
             tracing::debug!(peer, "queue writer stopped: {e}");
         }
     });
-    let mut frames = FrameReader::new(conn.reader, max_frame);
-    frames.set_wait_strategy(conn.default_wait);
+    // The read-ahead task runs on the shared runtime, where polling would
+    // take a thread from every other connection: it always sleeps, whatever
+    // the transport would poll by default. Polling is for `get`'s own thread.
+    let frames = FrameReader::new(conn.reader, max_frame);
     let reading = Arc::new(Reading {
         state: Mutex::new(PeerReader {
             frames,
