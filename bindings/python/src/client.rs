@@ -21,6 +21,7 @@ pub struct PyClient {
     timeout: Duration,
 }
 
+/// The queue kind named by `kind` ("bounded" or "circular").
 pub fn queue_kind(kind: &str) -> PyResult<QueueKind> {
     match kind {
         "bounded" => Ok(QueueKind::Bounded),

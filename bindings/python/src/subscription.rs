@@ -54,6 +54,7 @@ pub struct PySubscription {
 }
 
 impl PySubscription {
+    /// A subscription read with `recv()`.
     pub fn pull(sub: Subscription) -> Self {
         PySubscription {
             topic: sub.topic().to_owned(),
@@ -197,6 +198,7 @@ pub struct PyWorker {
 }
 
 impl PyWorker {
+    /// Wraps a worker.
     pub fn new(worker: Worker) -> Self {
         PyWorker {
             function: worker.function().to_owned(),

@@ -121,8 +121,11 @@ impl Reading {
 pub struct Peer {
     /// Where its objects are sent; never blocks the sender.
     pub outbox: Arc<Outbox>,
+    /// Its read side.
     pub reading: Arc<Reading>,
+    /// The writer's flusher.
     pub writer_task: JoinHandle<()>,
+    /// The read-ahead task.
     pub reader: JoinHandle<()>,
 }
 
