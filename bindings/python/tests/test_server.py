@@ -108,3 +108,23 @@ def test_listen_failure() -> None:
             tubeway.Server([s.url])
     with pytest.raises(ValueError):
         tubeway.Server(["nope"])
+
+
+def test_connection_limit() -> None:
+    with tubeway.Server(["tcp://127.0.0.1:0"], max_connections=1) as s:
+        with tubeway.Client(s.url) as first:
+            with pytest.raises(tubeway.ConnectError, match="unavailable"):
+                tubeway.Client(s.url, connect_timeout=5.0)
+            assert first.ping() >= 0
+            assert s.stats()["connections_rejected"] == 1
+
+
+def test_client_refuses_larger_messages_than_its_own_limit(tcp_server: tubeway.Server) -> None:
+    tcp_server.create_function("big", lambda m: b"x" * 200_000)
+    with tubeway.Client(tcp_server.url, max_message_size=100_000, name="small") as c:
+        # The broker's answer is over this client's limit: it is skipped, and
+        # the call gets no answer (it waits its timeout plus the client's
+        # margin for the broker's own answer).
+        with pytest.raises(tubeway.Timeout):
+            c.send("big", "x", timeout=0.5)
+        assert c.ping() >= 0
