@@ -37,6 +37,16 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 passed=$(grep -Eo '^test result: ok\. [0-9]+ passed' target/test-output.txt | awk '{s+=$4} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed' target/test-output.txt | awk '{s+=$1} END {print s+0}')
 
+step "python package (bindings/python: release build, virtual environment, pytest)"
+bash scripts/python-test.sh 2>&1 | tee target/python-test-output.txt
+# pytest's summary, e.g. "140 passed, 60 skipped in 20.1s"; a count it
+# leaves out is 0 (grep finding nothing must not end the script).
+py_summary=$(grep -E '^=* ?[0-9]+ (passed|failed)' target/python-test-output.txt | tail -1 || true)
+py_passed=$(echo "$py_summary" | grep -Eo '[0-9]+ passed' | awk '{print $1+0}' || true)
+py_failed=$(echo "$py_summary" | grep -Eo '[0-9]+ failed' | awk '{print $1+0}' || true)
+passed=$((passed + ${py_passed:-0}))
+failed=$((failed + ${py_failed:-0}))
+
 fuzz_seconds="${FUZZ_SECONDS:-20}"
 if [ "$fuzz_seconds" != "0" ]; then
     step "fuzz smoke run (${fuzz_seconds}s)"

@@ -1,0 +1,454 @@
+#!/usr/bin/env python3
+"""Benchmarks of tubeway.queue against plain Python sockets, in one run.
+
+    python bench.py                  # everything, default sizes
+    python bench.py --quick          # a short run (smaller counts)
+    python bench.py --only latency   # or: throughput
+
+Every measurement runs in two fresh processes (so peak memory is each
+pattern's own) and prints a Markdown table; figures are relative to the
+plain-socket references measured in the same run. Needs numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+MiB = 1 << 20
+#: Puts an echoing side lets run ahead of their completion.
+WINDOW = 8
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def emit(result: Dict[str, Any]) -> None:
+    result["peak_rss_mb"] = peak_rss_mb()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# ----------------------------------------------------------------- latency
+
+
+def latency_tubeway_a(url: str, n: int, warmup: int, wait: str) -> None:
+    import tubeway
+
+    with tubeway.queue(url, "server", wait=wait) as q:
+        print("URL " + q.url, flush=True)
+        assert q.wait_for_peers(1, timeout=30)
+        payload = b"x" * 16
+        rtts = []
+        for i in range(n + warmup):
+            t0 = time.perf_counter_ns()
+            q.put(payload)
+            q.get()
+            if i >= warmup:
+                rtts.append(time.perf_counter_ns() - t0)
+        q.put(b"stop")
+        emit({"rtt_ns": rtts})
+
+
+def latency_tubeway_b(url: str, wait: str) -> None:
+    import tubeway
+
+    with tubeway.queue(url, "client", timeout=30, wait=wait) as q:
+        while True:
+            peer, obj = q.get()
+            if bytes(obj) == b"stop":
+                break
+            q.put(obj, peer)
+        emit({})
+
+
+def _socket_server(family: str, address: str) -> socket.socket:
+    if family == "tcp":
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind(("127.0.0.1", 0))
+    else:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(address)
+    s.listen(1)
+    return s
+
+
+def _socket_url(family: str, s: socket.socket) -> str:
+    if family == "tcp":
+        return f"tcp:127.0.0.1:{s.getsockname()[1]}"
+    return f"unix:{s.getsockname()}"
+
+
+def _socket_connect(url: str) -> socket.socket:
+    family, _, rest = url.partition(":")
+    if family == "tcp":
+        host, _, port = rest.rpartition(":")
+        c = socket.create_connection((host, int(port)))
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return c
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.connect(rest)
+    return c
+
+
+def _accept(s: socket.socket, family: str) -> socket.socket:
+    conn, _ = s.accept()
+    if family == "tcp":
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
+
+
+def _recv_exactly(conn: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        k = conn.recv_into(view[got:])
+        if k == 0:
+            raise EOFError("peer closed")
+        got += k
+
+
+def latency_socket_a(family: str, address: str, n: int, warmup: int) -> None:
+    s = _socket_server(family, address)
+    print("URL " + _socket_url(family, s), flush=True)
+    conn = _accept(s, family)
+    payload = b"x" * 16
+    buf = bytearray(16)
+    view = memoryview(buf)
+    rtts = []
+    for i in range(n + warmup):
+        t0 = time.perf_counter_ns()
+        conn.sendall(payload)
+        _recv_exactly(conn, view)
+        if i >= warmup:
+            rtts.append(time.perf_counter_ns() - t0)
+    conn.close()
+    emit({"rtt_ns": rtts})
+
+
+def latency_socket_b(url: str) -> None:
+    conn = _socket_connect(url)
+    buf = bytearray(16)
+    view = memoryview(buf)
+    try:
+        while True:
+            _recv_exactly(conn, view)
+            conn.sendall(view)
+    except (EOFError, ConnectionError):
+        pass
+    emit({})
+
+
+# -------------------------------------------------------------- throughput
+
+
+def _sizes(pattern: str, n: int) -> List[int]:
+    if pattern != "mix":
+        return [2 * MiB] * n
+    rng = np.random.default_rng(7)
+    # Log-uniform from 256 B to 64 MiB.
+    return [int(x) for x in np.exp(rng.uniform(np.log(256), np.log(64 * MiB), n))]
+
+
+def _array(size: int) -> np.ndarray:
+    # One allocation of `size` bytes, with a pattern to check.
+    return np.resize(np.arange(251, dtype=np.uint8), size)
+
+
+def throughput_tubeway_a(url: str, pattern: str, n: int) -> None:
+    import tubeway
+
+    sizes = _sizes(pattern, n)
+    base = _array(max(sizes))
+    with tubeway.queue(url, "server") as q:
+        print("URL " + q.url, flush=True)
+        assert q.wait_for_peers(1, timeout=30)
+        t0 = time.perf_counter()
+        if pattern == "async":
+            sender = threading.Thread(target=lambda: [q.put(base[:s]) for s in sizes])
+            sender.start()
+            got = sum(q.get()[1].nbytes for _ in sizes)
+            sender.join()
+        else:
+            futures = [q.put(base[:s]) for s in sizes]
+            got = 0
+            for i, s in enumerate(sizes):
+                _, back = q.get()
+                if i % 97 == 0:  # check the content now and then
+                    assert back.nbytes == s and back[-1] == base[s - 1] and back[0] == base[0]
+                got += back.nbytes
+                del back
+            for f in futures:
+                f.result()
+        elapsed = time.perf_counter() - t0
+        q.put(b"stop")
+        emit({"bytes": sum(sizes) + got, "objects": 2 * len(sizes), "seconds": elapsed})
+
+
+def throughput_tubeway_b(url: str, pattern: str, n: int) -> None:
+    import tubeway
+
+    sizes = _sizes(pattern, n)
+    with tubeway.queue(url, "client", timeout=30) as q:
+        if pattern == "async":
+            base = _array(max(sizes))
+            sender = threading.Thread(target=lambda: [q.put(base[:s]) for s in sizes])
+            sender.start()
+            for _ in sizes:
+                q.get()
+            sender.join()
+        else:
+            # put() never blocks; waiting on its futures, a few behind, keeps
+            # the objects held for sending bounded.
+            window: "collections.deque[Any]" = collections.deque()
+            for _ in sizes:
+                peer, obj = q.get()
+                window.append(q.put(obj, peer))
+                del obj
+                if len(window) > WINDOW:
+                    window.popleft().result()
+            for f in window:
+                f.result()
+        while True:
+            _, obj = q.get()
+            if isinstance(obj, memoryview) and bytes(obj) == b"stop":
+                break
+        emit({})
+
+
+def throughput_socket_a(family: str, address: str, pattern: str, n: int) -> None:
+    sizes = _sizes(pattern, n)
+    base = _array(max(sizes))
+    s = _socket_server(family, address)
+    print("URL " + _socket_url(family, s), flush=True)
+    conn = _accept(s, family)
+    buf = bytearray(max(sizes))
+    t0 = time.perf_counter()
+
+    def send() -> None:
+        for size in sizes:
+            conn.sendall(memoryview(base)[:size])
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    view = memoryview(buf)
+    for size in sizes:
+        _recv_exactly(conn, view[:size])
+    sender.join()
+    elapsed = time.perf_counter() - t0
+    conn.close()
+    emit({"bytes": 2 * sum(sizes), "objects": 2 * len(sizes), "seconds": elapsed})
+
+
+def throughput_socket_b(url: str, pattern: str, n: int) -> None:
+    sizes = _sizes(pattern, n)
+    conn = _socket_connect(url)
+    if pattern == "async":
+        base = _array(max(sizes))
+
+        def send() -> None:
+            for size in sizes:
+                conn.sendall(memoryview(base)[:size])
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        view = memoryview(bytearray(max(sizes)))
+        for size in sizes:
+            _recv_exactly(conn, view[:size])
+        sender.join()
+    else:
+        view = memoryview(bytearray(max(sizes)))
+        for size in sizes:
+            _recv_exactly(conn, view[:size])
+            conn.sendall(view[:size])
+    emit({})
+
+
+# ------------------------------------------------------------ orchestration
+
+
+def run_pair(kind: str, args_a: List[str], args_b: List[str]) -> Dict[str, Any]:
+    """Runs side A, passes its URL to side B, returns both results."""
+    me = os.path.abspath(__file__)
+    a = subprocess.Popen([sys.executable, me, "--side", "a", "--kind", kind, *args_a], stdout=subprocess.PIPE, text=True)
+    assert a.stdout is not None
+    line = a.stdout.readline()
+    if not line.startswith("URL "):
+        a.kill()
+        raise RuntimeError(f"side a of {kind} did not start: {line!r}")
+    url = line[4:].strip()
+    b = subprocess.Popen(
+        [sys.executable, me, "--side", "b", "--kind", kind, "--url", url, *args_b], stdout=subprocess.PIPE, text=True
+    )
+    out_a = a.stdout.read()
+    out_b, _ = b.communicate(timeout=3600)
+    a.wait(timeout=60)
+    if a.returncode or b.returncode:
+        raise RuntimeError(f"{kind} failed: a={a.returncode} b={b.returncode}")
+
+    def result(text: str) -> Dict[str, Any]:
+        for ln in text.splitlines():
+            if ln.startswith("RESULT "):
+                return json.loads(ln[7:])
+        raise RuntimeError(f"{kind}: no result")
+
+    ra, rb = result(out_a), result(out_b)
+    ra["peak_rss_mb_b"] = rb["peak_rss_mb"]
+    return ra
+
+
+def address(transport: str, tmp: str, name: str) -> str:
+    if transport == "tcp":
+        return "tcp://127.0.0.1:0"
+    if transport == "unix":
+        return f"unix://{tmp}/{name}.sock"
+    return f"{transport}://tubeway-bench-{os.getpid()}-{name}"
+
+
+def supported(transport: str) -> bool:
+    import tubeway
+
+    if transport in ("tcp", "unix"):
+        return True
+    try:
+        tubeway.queue(f"{transport}://tubeway-bench-probe-{os.getpid()}", "server").close()
+        return True
+    except ValueError:
+        return False
+
+
+def percentile(values: List[int], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p / 100.0 * len(ordered)))] / 1000.0
+
+
+def bench_latency(n: int, warmup: int, tmp: str) -> List[Dict[str, Any]]:
+    rows = []
+    for family in ("tcp", "unix"):
+        r = run_pair("latency-socket", ["--family", family, "--address", f"{tmp}/ls-{family}.sock", "-n", str(n), "--warmup", str(warmup)], [])
+        rows.append({"what": f"plain socket ping-pong, {family}", **r})
+    for transport in ("tcp", "unix", "shm"):
+        if not supported(transport):
+            rows.append({"what": f"tubeway.queue, {transport}", "skipped": "transport not available in this build"})
+    for wait in ("park", "spin-park:50us"):
+        for transport in ("tcp", "unix", "shm"):
+            if not supported(transport):
+                continue
+            r = run_pair(
+                "latency-tubeway",
+                ["--url", address(transport, tmp, "lat"), "-n", str(n), "--warmup", str(warmup), "--wait", wait],
+                ["--wait", wait],
+            )
+            rows.append({"what": f"tubeway.queue, {transport}, wait={wait}", **r})
+    for row in rows:
+        if "rtt_ns" in row:
+            rtts = row.pop("rtt_ns")
+            row["median_us"] = statistics.median(rtts) / 1000.0
+            row["p99_us"] = percentile(rtts, 99)
+    return rows
+
+
+def bench_throughput(n: int, n_mix: int, tmp: str, transports: List[str]) -> List[Dict[str, Any]]:
+    rows = []
+    for pattern in ("sync", "async", "mix"):
+        count = n_mix if pattern == "mix" else n
+        for family in ("tcp", "unix"):
+            if family not in transports:
+                continue
+            r = run_pair(
+                "throughput-socket",
+                ["--family", family, "--address", f"{tmp}/ts-{family}-{pattern}.sock", "--pattern", pattern, "-n", str(count)],
+                ["--pattern", pattern, "-n", str(count)],
+            )
+            rows.append({"pattern": pattern, "what": f"raw socket stream, {family}", **r})
+        for transport in transports:
+            if not supported(transport):
+                continue
+            r = run_pair(
+                "throughput-tubeway",
+                ["--url", address(transport, tmp, f"tp-{pattern}"), "--pattern", pattern, "-n", str(count)],
+                ["--pattern", pattern, "-n", str(count)],
+            )
+            rows.append({"pattern": pattern, "what": f"tubeway.queue, {transport}", **r})
+    for row in rows:
+        row["gbps"] = row["bytes"] * 8 / row["seconds"] / 1e9
+        row["ops_per_s"] = row["objects"] / row["seconds"]
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--side", choices=["a", "b"])
+    p.add_argument("--kind")
+    p.add_argument("--url")
+    p.add_argument("--family")
+    p.add_argument("--address")
+    p.add_argument("--pattern")
+    p.add_argument("-n", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=0)
+    p.add_argument("--wait", default="park")
+    p.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
+    p.add_argument("--only", choices=["latency", "throughput"])
+    p.add_argument("--transports", default="tcp,unix,shm", help="for throughput (default: tcp,unix,shm)")
+    p.add_argument("--json", help="also write the results to this file")
+    a = p.parse_args()
+
+    if a.side:
+        side = {
+            ("latency-tubeway", "a"): lambda: latency_tubeway_a(a.url, a.n, a.warmup, a.wait),
+            ("latency-tubeway", "b"): lambda: latency_tubeway_b(a.url, a.wait),
+            ("latency-socket", "a"): lambda: latency_socket_a(a.family, a.address, a.n, a.warmup),
+            ("latency-socket", "b"): lambda: latency_socket_b(a.url),
+            ("throughput-tubeway", "a"): lambda: throughput_tubeway_a(a.url, a.pattern, a.n),
+            ("throughput-tubeway", "b"): lambda: throughput_tubeway_b(a.url, a.pattern, a.n),
+            ("throughput-socket", "a"): lambda: throughput_socket_a(a.family, a.address, a.pattern, a.n),
+            ("throughput-socket", "b"): lambda: throughput_socket_b(a.url, a.pattern, a.n),
+        }[(a.kind, a.side)]
+        side()
+        return
+
+    n_lat, warmup = (2000, 200) if a.quick else (20000, 2000)
+    n_tp, n_mix = (200, 40) if a.quick else (4000, 400)
+    print(f"load average before: {os.getloadavg()}; cpus: {os.cpu_count()}; python {sys.version.split()[0]}")
+    results: Dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="twb") as tmp:
+        if a.only in (None, "latency"):
+            rows = bench_latency(n_lat, warmup, tmp)
+            results["latency"] = rows
+            print(f"\nRound trip of a 16 B message ({n_lat} round trips after {warmup} warm-up)\n")
+            print("| what | median µs | p99 µs |\n|---|---:|---:|")
+            for r in rows:
+                if "skipped" in r:
+                    print(f"| {r['what']} | {r['skipped']} | |")
+                else:
+                    print(f"| {r['what']} | {r['median_us']:.1f} | {r['p99_us']:.1f} |")
+        if a.only in (None, "throughput"):
+            rows = bench_throughput(n_tp, n_mix, tmp, a.transports.split(","))
+            results["throughput"] = rows
+            print(f"\nTransfer, both ways ({n_tp} × 2 MiB for sync/async; {n_mix} of 256 B–64 MiB for mix)\n")
+            print("| pattern | what | Gbps | objects/s | peak RSS A MB | peak RSS B MB |\n|---|---|---:|---:|---:|---:|")
+            for r in rows:
+                print(
+                    f"| {r['pattern']} | {r['what']} | {r['gbps']:.2f} | {r['ops_per_s']:.0f} | "
+                    f"{r['peak_rss_mb']:.0f} | {r['peak_rss_mb_b']:.0f} |"
+                )
+    print(f"\nload average after: {os.getloadavg()}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""Tubeway for asyncio: the blocking API's mirror, awaitable.
+
+Every operation runs the blocking call on a thread of a pool of this module's
+(the GIL released while it waits), so the event loop never blocks;
+``send`` uses the client's own future and needs no thread. Callbacks
+(subscribers, function handlers) run on the event loop; they may be
+coroutine functions.
+
+    async with tubeway.aio.Client("tcp://127.0.0.1:33333") as client:
+        reply = await client.send("echo", "hello")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
+
+from . import _tubeway
+from ._queue import Queue as _BlockingQueue
+
+T = TypeVar("T")
+
+# Waits are long (polls, gets) and cheap (the GIL is released), so the pool
+# is larger than the default executor's.
+_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="tubeway-aio")
+
+
+async def _run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_POOL, functools.partial(fn, *args, **kwargs))
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``callback`` made callable from any thread: it runs on ``loop``, and the
+    caller waits for its result (handlers) or not (subscribers)."""
+
+    def call(arg: Any) -> Any:
+        async def run() -> Any:
+            out = callback(arg)
+            if inspect.isawaitable(out):
+                out = await out
+            return out
+
+        return asyncio.run_coroutine_threadsafe(run(), loop).result()
+
+    return call
+
+
+class Client:
+    """A connection to a Tubeway broker for asyncio code; use ``async with``
+    or ``await tubeway.aio.connect(...)``. The methods are those of
+    :class:`tubeway.Client`, awaitable."""
+
+    def __init__(self, url: str, timeout: float = 30.0, **options: Any) -> None:
+        self._url = url
+        self._timeout = timeout
+        self._options = options
+        self._client: Optional[_tubeway.Client] = None
+
+    async def connect(self) -> "Client":
+        """Connects (``async with`` does it)."""
+        if self._client is None:
+            self._client = await _run(_tubeway.Client, self._url, self._timeout, **self._options)
+        return self
+
+    @property
+    def blocking(self) -> _tubeway.Client:
+        """The blocking client underneath."""
+        if self._client is None:
+            raise _tubeway.ConnectionClosed("the client is not connected: await client.connect() or use async with")
+        return self._client
+
+    @property
+    def closed(self) -> bool:
+        return self._client is None or self._client.closed
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await _run(self._client.close)
+
+    async def __aenter__(self) -> "Client":
+        return await self.connect()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def send(self, function: str, message: Any, timeout: Optional[float] = None) -> _tubeway.Message:
+        return await asyncio.wrap_future(self.blocking.send_async(function, message, timeout))
+
+    def send_async(self, function: str, message: Any, timeout: Optional[float] = None) -> "asyncio.Future[_tubeway.Message]":
+        """Starts a call; await the returned future for the reply."""
+        return asyncio.wrap_future(self.blocking.send_async(function, message, timeout))
+
+    async def send_oneway(self, function: str, message: Any) -> None:
+        await _run(self.blocking.send_oneway, function, message)
+
+    async def serve(self, function: str, handler: Callable[[_tubeway.Message], Any]) -> _tubeway.Worker:
+        """Serves ``function``; ``handler`` (a function or a coroutine
+        function) runs on this event loop for each call."""
+        wrapped = _on_loop(asyncio.get_running_loop(), handler)
+        return await _run(self.blocking.serve, function, wrapped)
+
+    async def remove_function(self, function: str) -> None:
+        await _run(self.blocking.remove_function, function)
+
+    async def function_status(self, function: str) -> Dict[str, Any]:
+        return await _run(self.blocking.function_status, function)
+
+    async def list_functions(self) -> List[Dict[str, Any]]:
+        return await _run(self.blocking.list_functions)
+
+    async def offer(self, queue: str, message: Any, timeout: float = 0.0) -> None:
+        await _run(self.blocking.offer, queue, message, timeout)
+
+    async def poll(self, queue: str, timeout: float = 0.0) -> _tubeway.Message:
+        return await _run(self.blocking.poll, queue, timeout)
+
+    async def create_queue(self, name: str, capacity: int = 1000, kind: str = "bounded") -> Dict[str, Any]:
+        return await _run(self.blocking.create_queue, name, capacity, kind)
+
+    async def create_temporary_queue(self, capacity: int = 1000, kind: str = "bounded") -> Dict[str, Any]:
+        return await _run(self.blocking.create_temporary_queue, capacity, kind)
+
+    async def remove_queue(self, name: str) -> None:
+        await _run(self.blocking.remove_queue, name)
+
+    async def exists_queue(self, name: str) -> bool:
+        return await _run(self.blocking.exists_queue, name)
+
+    async def queue_status(self, name: str) -> Dict[str, Any]:
+        return await _run(self.blocking.queue_status, name)
+
+    async def list_queues(self) -> List[Dict[str, Any]]:
+        return await _run(self.blocking.list_queues)
+
+    async def create_topic(self, name: str) -> Dict[str, Any]:
+        return await _run(self.blocking.create_topic, name)
+
+    async def remove_topic(self, name: str) -> None:
+        await _run(self.blocking.remove_topic, name)
+
+    async def topic_status(self, name: str) -> Dict[str, Any]:
+        return await _run(self.blocking.topic_status, name)
+
+    async def list_topics(self) -> List[Dict[str, Any]]:
+        return await _run(self.blocking.list_topics)
+
+    async def publish(self, topic: str, message: Any) -> None:
+        await _run(self.blocking.publish, topic, message)
+
+    async def publish_oneway(self, topic: str, message: Any) -> None:
+        await _run(self.blocking.publish_oneway, topic, message)
+
+    async def subscribe(
+        self, topic: str, callback: Callable[[_tubeway.Message], Any], *, buffer: Optional[int] = None
+    ) -> _tubeway.Subscription:
+        """Subscribes; ``callback`` (a function or a coroutine function) runs
+        on this event loop for each delivery, in order."""
+        wrapped = _on_loop(asyncio.get_running_loop(), callback)
+        return await _run(self.blocking.subscribe, topic, wrapped, buffer=buffer)
+
+    async def unsubscribe(self, subscription: _tubeway.Subscription) -> None:
+        await _run(subscription.unsubscribe)
+
+    async def stats(self) -> Dict[str, Any]:
+        return await _run(self.blocking.stats)
+
+    async def ping(self) -> float:
+        return await _run(self.blocking.ping)
+
+
+async def connect(url: str, timeout: float = 30.0, **options: Any) -> Client:
+    """A connected :class:`Client`."""
+    return await Client(url, timeout, **options).connect()
+
+
+class Queue:
+    """:func:`tubeway.queue` for asyncio: ``put`` returns an awaitable
+    future, ``get`` is awaitable."""
+
+    def __init__(self, queue: _BlockingQueue) -> None:
+        self.blocking = queue
+
+    @property
+    def url(self) -> str:
+        return self.blocking.url
+
+    @property
+    def peers(self) -> List[int]:
+        return self.blocking.peers
+
+    async def wait_for_peers(self, count: int = 1, timeout: Optional[float] = None) -> bool:
+        return await _run(self.blocking.wait_for_peers, count, timeout)
+
+    def put(self, obj: Any, *peers: int) -> "asyncio.Future[None]":
+        """Sends ``obj``; never blocks. Await the result to know when the
+        object's memory may be reused."""
+        return asyncio.wrap_future(self.blocking.put(obj, *peers))
+
+    async def get(self, timeout: Optional[float] = None) -> Tuple[int, Any]:
+        return await _run(self.blocking.get, timeout)
+
+    async def close(self, timeout: float = 5.0) -> None:
+        await _run(self.blocking.close, timeout)
+
+    async def __aenter__(self) -> "Queue":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+
+async def queue(url: str, role: str = "server", **options: Any) -> Queue:
+    """:func:`tubeway.queue`, awaitable; takes the same options."""
+    return Queue(await _run(_BlockingQueue, url, role, **options))

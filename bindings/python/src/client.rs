@@ -1,0 +1,389 @@
+//! `tubeway.Client`: every client operation, blocking with the GIL released.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use tubeway::ops::QueueKind;
+use tubeway::{AsyncClient, ClientOptions, Message};
+
+use crate::message::{to_message, PyMessage};
+use crate::runtime::{seconds, wait};
+use crate::subscription::{PySubscription, PyWorker};
+use crate::{errors, handler, json, pyfuture};
+
+/// A connection to a Tubeway broker, shared by any number of Python threads.
+#[pyclass(name = "Client", module = "tubeway", frozen)]
+#[derive(Debug)]
+pub struct PyClient {
+    inner: Mutex<Option<AsyncClient>>,
+    timeout: Duration,
+}
+
+/// The queue kind named by `kind` ("bounded" or "circular").
+pub fn queue_kind(kind: &str) -> PyResult<QueueKind> {
+    match kind {
+        "bounded" => Ok(QueueKind::Bounded),
+        "circular" => Ok(QueueKind::Circular),
+        other => Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "queue kind must be 'bounded' or 'circular', not {other:?}"
+        ))),
+    }
+}
+
+impl PyClient {
+    fn client(&self) -> PyResult<AsyncClient> {
+        self.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| errors::closed("client"))
+    }
+
+    /// Runs one operation on the client, blocking with the GIL released.
+    fn run<T, F, Fut>(&self, py: Python<'_>, op: F) -> PyResult<T>
+    where
+        F: FnOnce(AsyncClient) -> Fut,
+        Fut: Future<Output = tubeway::Result<T>> + Send,
+        T: Send,
+    {
+        let client = self.client()?;
+        wait(py, op(client))?.map_err(errors::to_py)
+    }
+
+    fn timeout_or_default(&self, timeout: Option<f64>) -> PyResult<Duration> {
+        Ok(seconds(timeout)?.unwrap_or(self.timeout))
+    }
+}
+
+#[pymethods]
+impl PyClient {
+    /// Connects to the broker at `url` (`tcp://host:port`, `unix:///path`).
+    /// `timeout` is the default for every call, in seconds.
+    #[new]
+    #[pyo3(signature = (url, timeout=30.0, *, connect_timeout=5.0, max_message_size=None, name=None))]
+    fn new(
+        py: Python<'_>,
+        url: String,
+        timeout: f64,
+        connect_timeout: f64,
+        max_message_size: Option<usize>,
+        name: Option<String>,
+    ) -> PyResult<Self> {
+        let mut options = ClientOptions {
+            timeout: seconds(Some(timeout))?.unwrap_or_default(),
+            connect_timeout: seconds(Some(connect_timeout))?.unwrap_or_default(),
+            ..ClientOptions::default()
+        };
+        if let Some(max) = max_message_size {
+            options.max_message_size = max;
+        }
+        options.name =
+            name.unwrap_or_else(|| format!("tubeway-python/{}", env!("CARGO_PKG_VERSION")));
+        let timeout = options.timeout;
+        let client = wait(py, AsyncClient::connect_with(&url, options))?.map_err(errors::to_py)?;
+        Ok(PyClient {
+            inner: Mutex::new(Some(client)),
+            timeout,
+        })
+    }
+
+    /// The broker's URL.
+    #[getter]
+    fn url(&self) -> PyResult<String> {
+        Ok(self.client()?.url().to_string())
+    }
+
+    /// The largest message the broker accepts, in bytes.
+    #[getter]
+    fn max_message_size(&self) -> PyResult<usize> {
+        Ok(self.client()?.max_message_size())
+    }
+
+    /// Whether the client is closed (by `close()` or because the connection ended).
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_none_or(AsyncClient::is_closed)
+    }
+
+    /// Closes the connection: calls in flight fail with ConnectionClosed;
+    /// later calls raise ConnectionClosed. Closing twice is harmless.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let client = self
+            .inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(client) = client {
+            wait(py, async move { client.close().await })?;
+        }
+        Ok(())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+
+    /// Calls `function` and returns its reply; raises on an error status.
+    #[pyo3(signature = (function, message, timeout=None))]
+    fn send(
+        &self,
+        py: Python<'_>,
+        function: String,
+        message: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<PyMessage> {
+        let msg = to_message(message)?;
+        let timeout = self.timeout_or_default(timeout)?;
+        self.run(py, |c| async move {
+            c.send_timeout(&function, msg, timeout).await
+        })
+        .map(PyMessage::new)
+    }
+
+    /// Calls `function` without waiting: returns a concurrent.futures.Future
+    /// of the reply (wrap it with asyncio.wrap_future in async code).
+    #[pyo3(signature = (function, message, timeout=None))]
+    fn send_async(
+        &self,
+        py: Python<'_>,
+        function: String,
+        message: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<Py<PyAny>> {
+        let msg = to_message(message)?;
+        let timeout = self.timeout_or_default(timeout)?;
+        let client = self.client()?;
+        pyfuture::spawn(py, async move {
+            let reply = client.send_timeout(&function, msg, timeout).await;
+            move |py: Python<'_>| -> PyResult<Py<PyAny>> {
+                let reply = reply.map_err(errors::to_py)?;
+                Ok(Py::new(py, PyMessage::new(reply))?.into_any())
+            }
+        })
+    }
+
+    /// Calls `function` without a reply.
+    fn send_oneway(
+        &self,
+        py: Python<'_>,
+        function: String,
+        message: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let msg = to_message(message)?;
+        self.run(py, |c| async move { c.send_oneway(&function, msg).await })
+    }
+
+    /// Serves `function` from this process: `handler(message)` runs for each
+    /// call on a worker thread; what it returns is the reply, an exception
+    /// it raises is a handler_error for the caller.
+    fn serve(&self, py: Python<'_>, function: String, handler: Py<PyAny>) -> PyResult<PyWorker> {
+        let handler = Arc::new(handler);
+        let worker = self.run(py, |c| async move {
+            c.serve(&function, move |m: Message| {
+                handler::call_function(&handler, m)
+            })
+            .await
+        })?;
+        Ok(PyWorker::new(worker))
+    }
+
+    /// Removes a function (every worker's registration, or a broker's local handler).
+    fn remove_function(&self, py: Python<'_>, function: String) -> PyResult<()> {
+        self.run(py, |c| async move { c.remove_function(&function).await })
+    }
+
+    /// The status of a function, as a dict.
+    fn function_status<'py>(
+        &self,
+        py: Python<'py>,
+        function: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let status = self.run(py, |c| async move { c.function_status(&function).await })?;
+        json::to_py(py, &status)
+    }
+
+    /// Every function's status.
+    fn list_functions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let list = self.run(py, |c| async move { c.list_functions().await })?;
+        json::to_py(py, &list)
+    }
+
+    /// Puts `message` on `queue`, waiting up to `timeout` seconds while a
+    /// bounded queue is full (then QueueFull).
+    #[pyo3(signature = (queue, message, timeout=0.0))]
+    fn offer(
+        &self,
+        py: Python<'_>,
+        queue: String,
+        message: &Bound<'_, PyAny>,
+        timeout: f64,
+    ) -> PyResult<()> {
+        let msg = to_message(message)?;
+        let timeout = seconds(Some(timeout))?.unwrap_or_default();
+        self.run(py, |c| async move { c.offer(&queue, msg, timeout).await })
+    }
+
+    /// Takes the next message from `queue`, waiting up to `timeout` seconds;
+    /// raises QueueEmpty when none came.
+    #[pyo3(signature = (queue, timeout=0.0))]
+    fn poll(&self, py: Python<'_>, queue: String, timeout: f64) -> PyResult<PyMessage> {
+        let timeout = seconds(Some(timeout))?.unwrap_or_default();
+        let got = self.run(py, |c| async move { c.poll(&queue, timeout).await })?;
+        got.map(PyMessage::new).ok_or_else(|| {
+            errors::status_error(tubeway::ResponseStatus::QueueEmpty, "no message in time")
+        })
+    }
+
+    /// Creates a queue (idempotent with the same settings); returns its status.
+    #[pyo3(signature = (name, capacity=1000, kind="bounded"))]
+    fn create_queue<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        capacity: u64,
+        kind: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let kind = queue_kind(kind)?;
+        let status = self.run(py, |c| async move {
+            c.create_queue(&name, capacity, kind).await
+        })?;
+        json::to_py(py, &status)
+    }
+
+    /// Creates a queue named by the broker and removed when this client
+    /// closes; returns its status (its name is `status["name"]`).
+    #[pyo3(signature = (capacity=1000, kind="bounded"))]
+    fn create_temporary_queue<'py>(
+        &self,
+        py: Python<'py>,
+        capacity: u64,
+        kind: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let kind = queue_kind(kind)?;
+        let status = self.run(py, |c| async move {
+            c.create_temporary_queue(capacity, kind).await
+        })?;
+        json::to_py(py, &status)
+    }
+
+    /// Removes a queue.
+    fn remove_queue(&self, py: Python<'_>, name: String) -> PyResult<()> {
+        self.run(py, |c| async move { c.remove_queue(&name).await })
+    }
+
+    /// Whether a queue exists.
+    fn exists_queue(&self, py: Python<'_>, name: String) -> PyResult<bool> {
+        self.run(py, |c| async move { c.exists_queue(&name).await })
+    }
+
+    /// The status of a queue, as a dict.
+    fn queue_status<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
+        let status = self.run(py, |c| async move { c.queue_status(&name).await })?;
+        json::to_py(py, &status)
+    }
+
+    /// Every queue's status.
+    fn list_queues<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let list = self.run(py, |c| async move { c.list_queues().await })?;
+        json::to_py(py, &list)
+    }
+
+    /// Creates a topic (idempotent); returns its status.
+    fn create_topic<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
+        let status = self.run(py, |c| async move { c.create_topic(&name).await })?;
+        json::to_py(py, &status)
+    }
+
+    /// Removes a topic; its subscriptions end.
+    fn remove_topic(&self, py: Python<'_>, name: String) -> PyResult<()> {
+        self.run(py, |c| async move { c.remove_topic(&name).await })
+    }
+
+    /// The status of a topic, as a dict.
+    fn topic_status<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
+        let status = self.run(py, |c| async move { c.topic_status(&name).await })?;
+        json::to_py(py, &status)
+    }
+
+    /// Every topic's status.
+    fn list_topics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let list = self.run(py, |c| async move { c.list_topics().await })?;
+        json::to_py(py, &list)
+    }
+
+    /// Publishes `message` to `topic` and waits for the broker to accept it.
+    fn publish(&self, py: Python<'_>, topic: String, message: &Bound<'_, PyAny>) -> PyResult<()> {
+        let msg = to_message(message)?;
+        self.run(py, |c| async move { c.publish(&topic, msg).await })
+    }
+
+    /// Publishes without waiting for the broker.
+    fn publish_oneway(
+        &self,
+        py: Python<'_>,
+        topic: String,
+        message: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let msg = to_message(message)?;
+        self.run(py, |c| async move { c.publish_oneway(&topic, msg).await })
+    }
+
+    /// Subscribes to `topic`. With `callback`, it runs for each delivery, in
+    /// order, on a thread of its own; without, read deliveries with
+    /// `recv()` or by iterating. `buffer` bounds the deliveries held here.
+    #[pyo3(signature = (topic, callback=None, *, buffer=None))]
+    fn subscribe(
+        &self,
+        py: Python<'_>,
+        topic: String,
+        callback: Option<Py<PyAny>>,
+        buffer: Option<usize>,
+    ) -> PyResult<PySubscription> {
+        let sub = self.run(py, |c| async move {
+            match buffer {
+                Some(n) => c.subscribe_with_buffer(&topic, n).await,
+                None => c.subscribe(&topic).await,
+            }
+        })?;
+        match callback {
+            Some(callback) => PySubscription::with_callback(sub, callback),
+            None => Ok(PySubscription::pull(sub)),
+        }
+    }
+
+    /// Ends `subscription` (the same as `subscription.unsubscribe()`).
+    fn unsubscribe(&self, py: Python<'_>, subscription: &PySubscription) -> PyResult<()> {
+        subscription.unsubscribe(py)
+    }
+
+    /// Broker statistics, as a dict.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let stats = self.run(py, |c| async move { c.stats().await })?;
+        json::to_py(py, &stats)
+    }
+
+    /// One round trip to the broker, in seconds.
+    fn ping(&self, py: Python<'_>) -> PyResult<f64> {
+        self.run(py, |c| async move { c.ping().await })
+            .map(|d| d.as_secs_f64())
+    }
+
+    fn __repr__(&self) -> String {
+        match self.client() {
+            Ok(c) => format!("tubeway.Client({:?})", c.url().to_string()),
+            Err(_) => "tubeway.Client(closed)".to_owned(),
+        }
+    }
+}

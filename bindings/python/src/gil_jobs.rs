@@ -1,0 +1,105 @@
+//! Taking the GIL from threads Python did not start, and a thread that runs
+//! small jobs needing it (releasing Python buffers, resolving futures) on
+//! behalf of the I/O threads, which must never wait for the GIL themselves:
+//! a Python thread may hold it for milliseconds.
+//!
+//! At interpreter exit, CPython ends any thread that tries to take the GIL
+//! once finalization has begun, by unwinding it with `pthread_exit`, which a
+//! Rust thread cannot survive (the process aborts). So [`attach`] refuses
+//! once `atexit` has run [`at_exit`], which first waits (briefly) for the
+//! calls already in Python to return.
+
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+
+/// How long interpreter exit waits for callbacks still running.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
+
+#[derive(Default)]
+struct Gate {
+    /// Threads between a successful `attach` check and the end of their call.
+    inside: usize,
+    /// Set at exit: nobody may take the GIL from a Rust thread any more.
+    closed: bool,
+}
+
+fn gate() -> &'static (Mutex<Gate>, Condvar) {
+    static GATE: OnceLock<(Mutex<Gate>, Condvar)> = OnceLock::new();
+    GATE.get_or_init(Default::default)
+}
+
+/// Runs `f` with the GIL from a thread Python did not start; `None` once
+/// the interpreter is exiting.
+pub fn attach<R>(f: impl FnOnce(Python<'_>) -> R) -> Option<R> {
+    {
+        let mut g = gate().0.lock().unwrap_or_else(PoisonError::into_inner);
+        if g.closed {
+            return None;
+        }
+        g.inside += 1;
+    }
+    struct Leave<'a>(&'a (Mutex<Gate>, Condvar));
+    impl Drop for Leave<'_> {
+        fn drop(&mut self) {
+            let mut g = self.0 .0.lock().unwrap_or_else(PoisonError::into_inner);
+            g.inside -= 1;
+            self.0 .1.notify_all();
+        }
+    }
+    let _leave = Leave(gate());
+    Python::try_attach(f)
+}
+
+/// Registered with `atexit`: stops Rust threads from taking the GIL, after
+/// waiting up to [`EXIT_GRACE`] for those inside Python to return.
+#[pyfunction]
+pub fn at_exit(py: Python<'_>) {
+    py.detach(|| {
+        let (lock, cvar) = gate();
+        let mut g = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        g.closed = true;
+        let _ = cvar
+            .wait_timeout_while(g, EXIT_GRACE, |g| g.inside > 0)
+            .map(drop);
+    });
+}
+
+/// A job for the GIL thread.
+pub type Job = Box<dyn FnOnce(Python<'_>) + Send>;
+
+fn sender() -> &'static Mutex<Option<Sender<Job>>> {
+    static SENDER: OnceLock<Mutex<Option<Sender<Job>>>> = OnceLock::new();
+    SENDER.get_or_init(|| {
+        let (tx, rx) = channel::<Job>();
+        let started = std::thread::Builder::new()
+            .name("tubeway-py-gil".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    // Take every job already queued under one acquisition.
+                    let attached = attach(|py| {
+                        job(py);
+                        while let Ok(next) = rx.try_recv() {
+                            next(py);
+                        }
+                    });
+                    if attached.is_none() {
+                        // The interpreter is exiting: nothing left to release.
+                        return;
+                    }
+                }
+            });
+        Mutex::new(started.ok().map(|_| tx))
+    })
+}
+
+/// Runs `job` with the GIL on the GIL thread, soon. Dropped unrun if the
+/// thread could not start or the interpreter is exiting.
+pub fn post(job: impl FnOnce(Python<'_>) + Send + 'static) {
+    let guard = sender().lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(tx) = guard.as_ref() {
+        let _ = tx.send(Box::new(job));
+    }
+}

@@ -1,0 +1,62 @@
+//! Running Python callables for the Rust side: function handlers and
+//! subscribers. Each call takes the GIL only while the Python code runs, on
+//! a blocking-pool thread, never on an I/O thread.
+
+use pyo3::prelude::*;
+use tubeway::{HandlerError, Message};
+
+use crate::gil_jobs;
+use crate::message::{to_message, PyMessage};
+
+/// Calls `handler(message)` and makes a reply of what it returns: `None` is
+/// an empty reply; a `Message`, str, bytes-like or JSON-compatible value is
+/// the reply's payload. An exception becomes the error, with its message.
+pub fn call_function(handler: &Py<PyAny>, msg: Message) -> Result<Message, HandlerError> {
+    gil_jobs::attach(|py| {
+        let out = handler
+            .call1(py, (PyMessage::new(msg),))
+            .map_err(|e| exception_text(py, &e))?;
+        let out = out.bind(py);
+        if out.is_none() {
+            return Ok(Message::request());
+        }
+        to_message(out).map_err(|e| exception_text(py, &e))
+    })
+    .unwrap_or_else(|| Err("the Python interpreter is exiting".into()))
+}
+
+/// Calls `callback(message)` for a subscription; an exception is reported
+/// as unraisable (printed to stderr) and the next delivery still runs.
+pub fn call_subscriber(callback: &Py<PyAny>, msg: Message) {
+    gil_jobs::attach(|py| {
+        if let Err(e) = callback.call1(py, (PyMessage::new(msg),)) {
+            e.write_unraisable(py, Some(callback.bind(py)));
+        }
+    });
+}
+
+/// The text of a handler's exception: its message, or its class name when
+/// the message is empty.
+fn exception_text(py: Python<'_>, e: &PyErr) -> HandlerError {
+    let text = e.value(py).str().map(|s| s.to_string()).unwrap_or_default();
+    if text.is_empty() {
+        let name = e
+            .get_type(py)
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_else(|_| "exception".into());
+        return name.into();
+    }
+    text.into()
+}
+
+/// Runs a blocking handler on the blocking pool of the current runtime, so
+/// an I/O thread never waits for the GIL or for Python code.
+pub async fn off_io_thread(
+    handler: std::sync::Arc<Py<PyAny>>,
+    msg: Message,
+) -> Result<Message, HandlerError> {
+    tokio::task::spawn_blocking(move || call_function(&handler, msg))
+        .await
+        .map_err(|e| HandlerError::from(format!("handler failed: {e}")))?
+}

@@ -1,0 +1,40 @@
+//! The native module of the Python package `tubeway` (`tubeway._tubeway`).
+//!
+//! Python code sees `tubeway.Client`, `tubeway.Server`, `tubeway.Message`,
+//! the exception hierarchy and `tubeway.queue`; the package in
+//! `python/tubeway` re-exports them with stubs and docs. Every wait releases
+//! the GIL; Python callbacks run on blocking-pool threads, never on the I/O
+//! threads.
+
+mod buffer;
+mod client;
+mod errors;
+mod gil_jobs;
+mod handler;
+mod json;
+mod message;
+mod pyfuture;
+mod queue;
+mod runtime;
+mod server;
+mod subscription;
+
+use pyo3::prelude::*;
+
+/// The native module.
+#[pymodule]
+fn _tubeway(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    m.add_class::<message::PyMessage>()?;
+    m.add_class::<client::PyClient>()?;
+    m.add_class::<server::PyServer>()?;
+    m.add_class::<subscription::PySubscription>()?;
+    m.add_class::<subscription::PyWorker>()?;
+    m.add_class::<queue::PyEndpoint>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    let at_exit = wrap_pyfunction!(gil_jobs::at_exit, m)?;
+    m.py()
+        .import("atexit")?
+        .call_method1("register", (at_exit,))?;
+    Ok(())
+}

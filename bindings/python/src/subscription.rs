@@ -1,0 +1,247 @@
+//! Subscriptions and served functions, as Python objects that end them.
+
+use std::sync::{Mutex, PoisonError};
+
+use pyo3::prelude::*;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tubeway::{Message, Subscription, Worker};
+
+use crate::message::PyMessage;
+use crate::runtime::{seconds, wait};
+use crate::{errors, handler};
+
+#[derive(Debug)]
+enum Kind {
+    Pull(Subscription),
+    Callback {
+        stop: oneshot::Sender<()>,
+        task: JoinHandle<tubeway::Result<()>>,
+    },
+}
+
+/// Feeds each delivery to `callback` on a blocking-pool thread, one at a
+/// time and in order, until stopped; then unsubscribes. A delivery being
+/// handled when the stop comes is finished first.
+async fn pump(
+    mut sub: Subscription,
+    callback: Py<PyAny>,
+    mut stop: oneshot::Receiver<()>,
+) -> tubeway::Result<()> {
+    let callback = std::sync::Arc::new(callback);
+    loop {
+        let msg: Message = tokio::select! {
+            _ = &mut stop => break,
+            next = sub.recv() => match next {
+                Some(msg) => msg,
+                None => return Ok(()),
+            },
+        };
+        let callback = callback.clone();
+        let _ = tokio::task::spawn_blocking(move || handler::call_subscriber(&callback, msg)).await;
+    }
+    sub.unsubscribe().await
+}
+
+/// A subscription to a topic. Use it as a context manager, or call
+/// `unsubscribe()`; deleting it unsubscribes too.
+#[pyclass(name = "Subscription", module = "tubeway", frozen)]
+#[derive(Debug)]
+pub struct PySubscription {
+    inner: Mutex<Option<Kind>>,
+    topic: String,
+    id: String,
+}
+
+impl PySubscription {
+    /// A subscription read with `recv()`.
+    pub fn pull(sub: Subscription) -> Self {
+        PySubscription {
+            topic: sub.topic().to_owned(),
+            id: sub.id().to_string(),
+            inner: Mutex::new(Some(Kind::Pull(sub))),
+        }
+    }
+
+    /// A subscription whose deliveries go to `callback`.
+    pub fn with_callback(sub: Subscription, callback: Py<PyAny>) -> PyResult<Self> {
+        let topic = sub.topic().to_owned();
+        let id = sub.id().to_string();
+        let (stop, stopped) = oneshot::channel();
+        let task = crate::runtime::spawn(pump(sub, callback, stopped))?;
+        Ok(PySubscription {
+            topic,
+            id,
+            inner: Mutex::new(Some(Kind::Callback { stop, task })),
+        })
+    }
+
+    fn take(&self) -> Option<Kind> {
+        self.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    fn put_back(&self, kind: Kind) {
+        *self.inner.lock().unwrap_or_else(PoisonError::into_inner) = Some(kind);
+    }
+}
+
+#[pymethods]
+impl PySubscription {
+    /// The topic.
+    #[getter]
+    fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The subscription id.
+    #[getter]
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The next delivery, waiting up to `timeout` seconds (None: as long as
+    /// it takes). Raises Timeout, or ConnectionClosed once the subscription
+    /// has ended. Only for subscriptions made without a callback.
+    #[pyo3(signature = (timeout=None))]
+    pub fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyMessage> {
+        let timeout = seconds(timeout)?;
+        let mut sub = match self.take() {
+            Some(Kind::Pull(sub)) => sub,
+            Some(other) => {
+                self.put_back(other);
+                return Err(errors::Error::new_err(
+                    "this subscription delivers to its callback; recv() is for subscriptions without one",
+                ));
+            }
+            None => {
+                return Err(errors::closed(
+                    "subscription (or another thread is receiving on it)",
+                ))
+            }
+        };
+        let got = wait(py, async {
+            match timeout {
+                Some(t) => tokio::time::timeout(t, sub.recv()).await.ok(),
+                None => Some(sub.recv().await),
+            }
+        });
+        self.put_back(Kind::Pull(sub));
+        match got? {
+            Some(Some(msg)) => Ok(PyMessage::new(msg)),
+            Some(None) => Err(errors::to_py(tubeway::Error::SubscriptionEnded)),
+            None => Err(errors::Timeout::new_err("no delivery in time")),
+        }
+    }
+
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyMessage>> {
+        match self.recv(py, None) {
+            Ok(m) => Ok(Some(m)),
+            Err(e) if e.is_instance_of::<errors::ConnectionClosed>(py) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Ends the subscription and waits for the broker to confirm. Harmless
+    /// when already ended.
+    pub fn unsubscribe(&self, py: Python<'_>) -> PyResult<()> {
+        let result = match self.take() {
+            Some(Kind::Pull(sub)) => wait(py, sub.unsubscribe())?,
+            Some(Kind::Callback { stop, task }) => {
+                let _ = stop.send(());
+                match wait(py, task)? {
+                    Ok(result) => result,
+                    Err(e) => Err(tubeway::Error::Runtime(format!(
+                        "subscriber task failed: {e}"
+                    ))),
+                }
+            }
+            None => return Ok(()),
+        };
+        match result {
+            Ok(()) | Err(tubeway::Error::ConnectionClosed(_)) => Ok(()),
+            Err(e) => Err(errors::to_py(e)),
+        }
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.unsubscribe(py)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "tubeway.Subscription(topic={:?}, id={:?})",
+            self.topic, self.id
+        )
+    }
+}
+
+/// A function this process serves through a client. `stop()` ends it;
+/// deleting it stops too.
+#[pyclass(name = "Worker", module = "tubeway", frozen)]
+#[derive(Debug)]
+pub struct PyWorker {
+    inner: Mutex<Option<Worker>>,
+    function: String,
+}
+
+impl PyWorker {
+    /// Wraps a worker.
+    pub fn new(worker: Worker) -> Self {
+        PyWorker {
+            function: worker.function().to_owned(),
+            inner: Mutex::new(Some(worker)),
+        }
+    }
+}
+
+#[pymethods]
+impl PyWorker {
+    /// The function served.
+    #[getter]
+    fn function(&self) -> &str {
+        &self.function
+    }
+
+    /// Stops serving and waits for the broker to confirm. Harmless when stopped.
+    fn stop(&self, py: Python<'_>) -> PyResult<()> {
+        let worker = self
+            .inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match worker {
+            Some(w) => match wait(py, w.stop())? {
+                Ok(()) | Err(tubeway::Error::ConnectionClosed(_)) => Ok(()),
+                Err(e) => Err(errors::to_py(e)),
+            },
+            None => Ok(()),
+        }
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.stop(py)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("tubeway.Worker(function={:?})", self.function)
+    }
+}

@@ -1,0 +1,134 @@
+"""tubeway.aio: the asyncio mirror, without blocking the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+import tubeway
+import tubeway.aio
+from transports import Addresses
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(asyncio.wait_for(coro, timeout=60))
+
+
+def test_client_operations(server: tubeway.Server) -> None:
+    server.create_function("echo", lambda m: m)
+
+    async def main() -> None:
+        async with tubeway.aio.Client(server.url, timeout=10) as c:
+            assert (await c.send("echo", "hi")).text == "hi"
+            replies = await asyncio.gather(*(c.send("echo", str(i)) for i in range(20)))
+            assert [r.text for r in replies] == [str(i) for i in range(20)]
+            assert (await c.send_async("echo", "x")).text == "x"
+            await c.create_queue("q", capacity=10)
+            assert await c.exists_queue("q")
+            await c.offer("q", tubeway.Message.data([1]))
+            assert (await c.queue_status("q"))["size"] == 1
+            assert (await c.poll("q", timeout=5)).data == [1]
+            with pytest.raises(tubeway.QueueEmpty):
+                await c.poll("q", timeout=0.1)
+            assert [q["name"] for q in await c.list_queues()] == ["q"]
+            await c.remove_queue("q")
+            tmp = await c.create_temporary_queue()
+            assert tmp["temporary"]
+            await c.send_oneway("echo", "x")
+            assert (await c.stats())["connections"] >= 1
+            assert await c.ping() >= 0
+            with pytest.raises(tubeway.NotFound):
+                await c.send("missing", "x")
+        assert c.closed
+
+    run(main())
+
+
+def test_waiting_does_not_block_the_loop(server: tubeway.Server) -> None:
+    async def main() -> int:
+        ticks = 0
+        stop = asyncio.Event()
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not stop.is_set():
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        async with tubeway.aio.Client(server.url) as c:
+            await c.create_queue("q")
+            t = asyncio.create_task(ticker())
+            with pytest.raises(tubeway.QueueEmpty):
+                await c.poll("q", timeout=0.5)
+            stop.set()
+            await t
+        return ticks
+
+    assert run(main()) >= 10
+
+
+def test_subscribe_and_serve_run_on_the_loop(server: tubeway.Server) -> None:
+    async def main() -> None:
+        loop_thread = threading.get_ident()
+        async with tubeway.aio.Client(server.url) as c:
+            await c.create_topic("t")
+            got: "asyncio.Queue[str]" = asyncio.Queue()
+
+            async def on(m: tubeway.Message) -> None:
+                assert threading.get_ident() == loop_thread
+                await got.put(m.text)
+
+            sub = await c.subscribe("t", on)
+            await c.publish("t", "a")
+            await c.publish_oneway("t", "b")
+            assert [await got.get(), await got.get()] == ["a", "b"]
+            await c.unsubscribe(sub)
+
+            async def handler(m: tubeway.Message) -> str:
+                assert threading.get_ident() == loop_thread
+                await asyncio.sleep(0)
+                return m.text[::-1]
+
+            async with tubeway.aio.Client(server.url) as caller:
+                worker = await c.serve("rev", handler)
+                assert (await caller.send("rev", "abc")).text == "cba"
+                assert (await caller.function_status("rev"))["workers"] == 1
+                worker.stop()
+
+    run(main())
+
+
+def test_topic_management(server: tubeway.Server) -> None:
+    async def main() -> None:
+        c = await tubeway.aio.connect(server.url)
+        await c.create_topic("t")
+        assert (await c.topic_status("t"))["subscribers"] == 0
+        assert [t["name"] for t in await c.list_topics()] == ["t"]
+        await c.remove_topic("t")
+        server.create_function("f", lambda m: m)
+        assert "f" in [f["name"] for f in await c.list_functions()]
+        await c.remove_function("f")
+        await c.close()
+        with pytest.raises(tubeway.ConnectionClosed):
+            await c.stats()
+
+    run(main())
+
+
+def test_queue(addresses: Addresses) -> None:
+    async def main() -> None:
+        async with await tubeway.aio.queue(addresses.new(), "server") as s:
+            async with await tubeway.aio.queue(s.url, "client") as c:
+                assert await s.wait_for_peers(1, timeout=10)
+                array = np.arange(1 << 20)
+                await c.put({"a": array})
+                peer, got = await s.get(timeout=10)
+                assert np.array_equal(got["a"], array)
+                await s.put("back", peer)
+                assert await c.get(timeout=10) == (0, "back")
+                assert s.peers == [peer] and c.url == s.url
+
+    run(main())
