@@ -93,11 +93,23 @@ pub(crate) struct SessionShared {
     worker_calls: Mutex<HashMap<Uuid, oneshot::Sender<Message>>>,
     /// Cancelled when the peer is gone: waiting requests stop at once.
     gone: CancellationToken,
+    /// Requests of this connection running on tasks of their own.
+    inflight: Arc<Semaphore>,
 }
 
 impl SessionShared {
-    /// Queues `msg` for the peer. False when the connection is gone.
+    /// Sends `msg` to the peer: at once when it is the only thing this
+    /// connection is doing, with the other answers in one system call when
+    /// several requests run at the same time. False when the connection is gone.
     pub async fn send(&self, msg: &Message) -> bool {
+        let max = self.inner.config.max_in_flight_per_connection;
+        // This request holds one permit; any other means company.
+        let pipelined = self.inflight.available_permits() + 1 < max;
+        self.send_as(msg, pipelined).await
+    }
+
+    /// Sends `msg`, written with whatever else is queued when `batch`.
+    pub async fn send_as(&self, msg: &Message, batch: bool) -> bool {
         if self.gone.is_cancelled() {
             return false;
         }
@@ -125,7 +137,12 @@ impl SessionShared {
         // be asking for statistics that must include it.
         let out = &self.inner.counters.messages_out;
         Counters::inc(out);
-        if self.writer.send(frame).await.is_err() {
+        let sent = if batch {
+            self.writer.send_batched(frame).await
+        } else {
+            self.writer.send(frame).await
+        };
+        if sent.is_err() {
             out.fetch_sub(1, Ordering::Relaxed);
             return false;
         }
@@ -246,6 +263,7 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Connection, wait: WaitStrategy)
         writer,
         worker_calls: Mutex::default(),
         gone: CancellationToken::new(),
+        inflight: Arc::new(Semaphore::new(inner.config.max_in_flight_per_connection)),
     });
     let mut reader = FrameReader::new(reader, inner.config.max_message_size);
     reader.set_wait_strategy(wait);
@@ -257,7 +275,7 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Connection, wait: WaitStrategy)
             inner: inner.clone(),
             shared: shared.clone(),
             identity: Identity::anonymous(),
-            inflight: Arc::new(Semaphore::new(inner.config.max_in_flight_per_connection)),
+            inflight: shared.inflight.clone(),
             owned: Owned::default(),
         };
         session.serve(&mut reader).await;
@@ -415,6 +433,9 @@ fn deadline(m: &Message) -> Option<Instant> {
 
 impl Session {
     async fn serve(&mut self, reader: &mut FrameReader) {
+        // Answers to requests that arrived together leave together: while
+        // more of them are already read, the writer holds answers back.
+        let mut corked = false;
         loop {
             let item = tokio::select! {
                 biased;
@@ -425,7 +446,16 @@ impl Session {
             match item {
                 Ok(Some(Decoded::Message(m))) => {
                     Counters::inc(&counters.messages_in);
+                    let more = reader.has_buffered();
+                    if more && !corked {
+                        self.shared.writer.cork();
+                        corked = true;
+                    }
                     self.handle(m).await;
+                    if !more && corked {
+                        self.shared.writer.uncork();
+                        corked = false;
+                    }
                 }
                 Ok(Some(Decoded::Invalid { id, error, .. })) => {
                     Counters::inc(&counters.messages_in);
@@ -797,7 +827,8 @@ impl Session {
         let shared = self.shared.clone();
         self.inner.tracker.spawn(async move {
             while let Some(d) = rx.recv().await {
-                if !shared.send(&d).await {
+                // More deliveries right behind: they leave together.
+                if !shared.send_as(&d, !rx.is_empty()).await {
                     break;
                 }
             }

@@ -25,6 +25,8 @@ const MAX_IOV: usize = 512;
 /// the senders instead of growing memory. One frame is always accepted, so a
 /// frame larger than this still goes out, alone.
 pub const WRITE_QUEUE_BYTES: usize = 4 << 20;
+/// Bytes held back by a cork before they go anyway.
+const CORK_LIMIT: usize = 256 * 1024;
 /// A spinning reader gives the runtime a turn at least this often, so timers
 /// and other tasks on its thread are not starved.
 const SPIN_SLICE: std::time::Duration = std::time::Duration::from_micros(200);
@@ -85,6 +87,12 @@ impl FrameReader {
         self.spin = Spin::default();
     }
 
+    /// Whether bytes of a next frame are already read: more frames follow
+    /// at once.
+    pub fn has_buffered(&self) -> bool {
+        !self.buf.is_empty()
+    }
+
     /// Changes the maximum for frames not yet started.
     pub fn set_max_frame(&mut self, max_frame: usize) {
         self.decoder.set_max_frame(max_frame);
@@ -112,59 +120,46 @@ impl FrameReader {
 
     /// Reads more bytes into the buffer, waiting by the strategy.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if !self.wait.spins() || self.spin.parked {
+            let r = ready!(self.reader.poll_read_buf(cx, &mut self.buf));
+            self.spin = Spin::default();
+            return Poll::Ready(r);
+        }
+        if let Poll::Ready(r) = self.try_fill_now() {
+            return Poll::Ready(r);
+        }
+        if !self.spin.yielded {
+            // Tasks woken by the last frame (on this thread) run before this
+            // reader spins.
+            self.spin.yielded = true;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        let started = *self.spin.started.get_or_insert_with(Instant::now);
+        let slice_end = Instant::now() + SPIN_SLICE;
         loop {
-            let read = if self.wait.spins() && !self.spin.parked {
-                self.try_fill_now()
-            } else {
-                self.try_fill()
-            };
-            if let Poll::Ready(r) = read {
+            std::hint::spin_loop();
+            if let Poll::Ready(r) = self.try_fill_now() {
                 return Poll::Ready(r);
             }
-            if !self.wait.spins() || self.spin.parked {
-                // Readiness may be stale; tokio clears it on WouldBlock, so
-                // the next round registers for real.
-                ready!(self.reader.poll_read_ready(cx))?;
-                continue;
+            let now = Instant::now();
+            if self.wait.spin().is_some_and(|b| now - started >= b) {
+                break;
             }
-            if !self.spin.yielded {
-                self.spin.yielded = true;
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
-            let started = *self.spin.started.get_or_insert_with(Instant::now);
-            let slice_end = Instant::now() + SPIN_SLICE;
-            loop {
-                std::hint::spin_loop();
-                if let Poll::Ready(r) = self.try_fill_now() {
-                    return Poll::Ready(r);
-                }
-                let now = Instant::now();
-                if self.wait.spin().is_some_and(|b| now - started >= b) {
-                    break;
-                }
-                if now >= slice_end {
-                    self.spin.yielded = false;
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
-                }
-            }
-            // The budget is spent.
-            if self.wait.parks() {
-                self.spin.parked = true;
-            } else {
-                std::thread::yield_now();
+            if now >= slice_end {
+                self.spin.yielded = false;
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
         }
-    }
-
-    /// One non-blocking read as far as the reactor knows; `Pending` when
-    /// nothing is there.
-    fn try_fill(&mut self) -> Poll<io::Result<usize>> {
-        let r = self.reader.try_read_buf(&mut self.buf);
-        self.filled(r)
+        // The budget is spent.
+        if self.wait.parks() {
+            self.spin.parked = true;
+            return self.poll_fill(cx);
+        }
+        std::thread::yield_now();
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 
     /// One non-blocking read straight from the kernel, for spinning.
@@ -255,6 +250,8 @@ struct State {
     writing: bool,
     /// Close requested: flush, shut down, accept nothing more.
     closing: bool,
+    /// Frames wait for [`FrameWriter::uncork`] instead of going out at once.
+    corked: bool,
     /// Why the writer ended, once it has.
     closed: Option<Arc<str>>,
 }
@@ -287,14 +284,25 @@ impl FrameWriter {
 
     /// Sends one frame: written at once when the stream is idle and has room,
     /// queued otherwise. Waits only while the queue is over its bound.
-    pub async fn send(&self, mut frame: EncodedFrame) -> Result<(), WriteError> {
+    pub async fn send(&self, frame: EncodedFrame) -> Result<(), WriteError> {
+        self.send_as(frame, false).await
+    }
+
+    /// Sends one frame among others being sent at the same time (pipelined
+    /// calls, say): queued for the flusher, which writes everything queued
+    /// in one system call, instead of one call per frame.
+    pub async fn send_batched(&self, frame: EncodedFrame) -> Result<(), WriteError> {
+        self.send_as(frame, true).await
+    }
+
+    async fn send_as(&self, mut frame: EncodedFrame, batch: bool) -> Result<(), WriteError> {
         let shared = &self.handle.shared;
         loop {
             // Registered before the check, so room made in between is not missed.
             let room = shared.room.notified();
             tokio::pin!(room);
             room.as_mut().enable();
-            match shared.admit(frame)? {
+            match shared.admit(frame, batch)? {
                 None => return Ok(()),
                 Some(back) => frame = back,
             }
@@ -304,7 +312,20 @@ impl FrameWriter {
 
     /// Sends a frame only if that needs no waiting: false when the queue is full.
     pub fn try_send(&self, frame: EncodedFrame) -> Result<bool, WriteError> {
-        Ok(self.handle.shared.admit(frame)?.is_none())
+        Ok(self.handle.shared.admit(frame, false)?.is_none())
+    }
+
+    /// Holds frames back until [`uncork`](FrameWriter::uncork): for a
+    /// sender that knows more frames follow at once (answers to requests
+    /// that arrived together), so they leave together.
+    pub fn cork(&self) {
+        self.handle.shared.lock().corked = true;
+    }
+
+    /// Ends [`cork`](FrameWriter::cork): writes what was held back, from
+    /// this thread when the stream takes it at once.
+    pub fn uncork(&self) {
+        self.handle.shared.uncork();
     }
 
     /// Stops accepting frames; what is queued is flushed, then the stream's
@@ -341,9 +362,10 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Writes `frame` at once if the stream is idle, or queues it if the
-    /// queue has room; hands it back when the queue is full.
-    fn admit(&self, frame: EncodedFrame) -> Result<Option<EncodedFrame>, WriteError> {
+    /// Writes `frame` at once if the stream is idle (and it is not a
+    /// batch), or queues it if the queue has room; hands it back when the
+    /// queue is full.
+    fn admit(&self, frame: EncodedFrame, batch: bool) -> Result<Option<EncodedFrame>, WriteError> {
         let mut s = self.lock();
         if let Some(why) = &s.closed {
             return Err(WriteError::Closed(why.clone()));
@@ -351,22 +373,97 @@ impl Shared {
         if s.closing {
             return Err(WriteError::Closed("the writer is closing".into()));
         }
-        if !s.writing && s.chunks.is_empty() {
+        if !batch && !s.corked && !s.writing && s.chunks.is_empty() {
             s.writing = true;
             drop(s);
             self.write_direct(frame);
             return Ok(None);
         }
         if s.queued != 0 && s.queued + frame.len() > WRITE_QUEUE_BYTES {
+            if s.corked && !s.writing {
+                // Held back frames fill the queue: they must go now.
+                drop(s);
+                self.work.notify_one();
+            }
             return Ok(Some(frame));
         }
         s.enqueue(frame);
-        let idle = !s.writing;
+        let wake = !s.writing && (!s.corked || s.queued >= CORK_LIMIT);
         drop(s);
-        if idle {
+        if wake {
             self.work.notify_one();
         }
         Ok(None)
+    }
+
+    fn uncork(&self) {
+        let mut s = self.lock();
+        s.corked = false;
+        if s.writing || s.chunks.is_empty() || s.closed.is_some() {
+            return;
+        }
+        s.writing = true;
+        let mut batch = std::mem::take(&mut s.chunks);
+        let frames = std::mem::take(&mut s.frames);
+        drop(s);
+        let bytes: usize = batch.iter().map(Bytes::len).sum();
+        let result = self.write_now(&mut batch);
+        let mut s = self.lock();
+        if let Err(e) = result {
+            drop(s);
+            return self.fail(&e);
+        }
+        let left: usize = batch.iter().map(Bytes::len).sum();
+        if batch.is_empty() {
+            self.stats.frames.fetch_add(frames, Ordering::Relaxed);
+            // Hand the allocation back for the next batch.
+            if s.chunks.is_empty() {
+                s.chunks = batch;
+            }
+        } else {
+            // The rest goes first: frames queued meanwhile came later.
+            while let Some(b) = batch.pop_back() {
+                s.chunks.push_front(b);
+            }
+            s.frames += frames;
+        }
+        s.queued = s.queued.saturating_sub(bytes - left);
+        s.writing = false;
+        let more = !s.chunks.is_empty() || s.closing;
+        drop(s);
+        self.room.notify_waiters();
+        if more {
+            self.work.notify_one();
+        }
+    }
+
+    /// Writes from `batch` without waiting, until it is empty or the stream
+    /// is full.
+    fn write_now(&self, batch: &mut VecDeque<Bytes>) -> io::Result<()> {
+        while !batch.is_empty() {
+            let n = {
+                let mut slices = [IoSlice::new(&[]); MAX_IOV];
+                let mut k = 0;
+                for (slot, b) in slices.iter_mut().zip(batch.iter()) {
+                    *slot = IoSlice::new(b);
+                    k += 1;
+                }
+                match self
+                    .io
+                    .try_write_vectored(slices.get(..k).unwrap_or_default())
+                {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+            };
+            self.stats.syscalls.fetch_add(1, Ordering::Relaxed);
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            advance(batch, n);
+        }
+        Ok(())
     }
 
     fn close(&self) {
@@ -506,21 +603,26 @@ async fn write_all(shared: &Shared, batch: &mut VecDeque<Bytes>) -> io::Result<(
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
-        let mut left = n;
-        while left > 0 {
-            let Some(front) = batch.front_mut() else {
-                break;
-            };
-            if front.len() <= left {
-                left -= front.len();
-                batch.pop_front();
-            } else {
-                front.advance(left);
-                left = 0;
-            }
-        }
+        advance(batch, n);
     }
     Ok(())
+}
+
+/// Drops the first `n` bytes of `batch`.
+fn advance(batch: &mut VecDeque<Bytes>, n: usize) {
+    let mut left = n;
+    while left > 0 {
+        let Some(front) = batch.front_mut() else {
+            break;
+        };
+        if front.len() <= left {
+            left -= front.len();
+            batch.pop_front();
+        } else {
+            front.advance(left);
+            left = 0;
+        }
+    }
 }
 
 fn poll_write_some(

@@ -16,7 +16,6 @@
 use std::io::{self, IoSlice};
 use std::os::fd::AsFd;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::BytesMut;
@@ -30,32 +29,37 @@ use crate::shm::{ShmReader, ShmWriter};
 /// Bytes a spinning reader takes per system call.
 const SPIN_READ: usize = 64 * 1024;
 
-#[derive(Debug, Clone)]
-enum Socket {
-    Tcp(Arc<TcpStream>),
-    Unix(Arc<UnixStream>),
+/// A socket's read side: tokio's own half, whose `poll_read` also clears
+/// the reactor's readiness after a short read (the socket is drained), which
+/// saves the system call that would only answer `EAGAIN`.
+#[derive(Debug)]
+enum SocketRead {
+    Tcp(tokio::net::tcp::OwnedReadHalf),
+    Unix(tokio::net::unix::OwnedReadHalf),
 }
 
-impl Socket {
+#[derive(Debug)]
+enum SocketWrite {
+    Tcp(tokio::net::tcp::OwnedWriteHalf),
+    Unix(tokio::net::unix::OwnedWriteHalf),
+}
+
+impl SocketRead {
     fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         match self {
-            Socket::Tcp(s) => s.as_fd(),
-            Socket::Unix(s) => s.as_fd(),
+            SocketRead::Tcp(s) => s.as_ref().as_fd(),
+            SocketRead::Unix(s) => s.as_ref().as_fd(),
         }
     }
 }
 
-/// Splits a socket into its halves; both share the socket.
-fn halves(s: Socket) -> (ReadHalf, WriteHalf) {
-    (
-        ReadHalf {
-            inner: ReadInner::Socket(s.clone()),
-            scratch: Vec::new(),
-        },
-        WriteHalf {
-            inner: WriteInner::Socket(s),
-        },
-    )
+impl SocketWrite {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            SocketWrite::Tcp(s) => s.as_ref().as_fd(),
+            SocketWrite::Unix(s) => s.as_ref().as_fd(),
+        }
+    }
 }
 
 pub(crate) fn shm((r, w): (ShmReader, ShmWriter)) -> (ReadHalf, WriteHalf) {
@@ -72,41 +76,53 @@ pub(crate) fn shm((r, w): (ShmReader, ShmWriter)) -> (ReadHalf, WriteHalf) {
 
 #[derive(Debug)]
 enum ReadInner {
-    Socket(Socket),
+    Socket(SocketRead),
     Shm(Box<ShmReader>),
 }
 
 #[derive(Debug)]
 enum WriteInner {
-    Socket(Socket),
+    Socket(SocketWrite),
     Shm(ShmWriter),
 }
 
+fn socket_halves(r: SocketRead, w: SocketWrite) -> (ReadHalf, WriteHalf) {
+    (
+        ReadHalf {
+            inner: ReadInner::Socket(r),
+            scratch: Vec::new(),
+        },
+        WriteHalf {
+            inner: WriteInner::Socket(w),
+        },
+    )
+}
+
 pub(crate) fn tcp(s: TcpStream) -> (ReadHalf, WriteHalf) {
-    halves(Socket::Tcp(Arc::new(s)))
+    let (r, w) = s.into_split();
+    socket_halves(SocketRead::Tcp(r), SocketWrite::Tcp(w))
 }
 
 pub(crate) fn unix(s: UnixStream) -> (ReadHalf, WriteHalf) {
-    halves(Socket::Unix(Arc::new(s)))
-}
-
-fn only_owner<T>(a: Arc<T>) -> io::Result<T> {
-    Arc::try_unwrap(a).map_err(|_| io::Error::other("the socket is shared beyond its two halves"))
+    let (r, w) = s.into_split();
+    socket_halves(SocketRead::Unix(r), SocketWrite::Unix(w))
 }
 
 /// Registers both halves with the current runtime's reactor instead of the
 /// one they were made in. Must be called within a runtime.
 pub(crate) fn reregister(r: ReadHalf, w: WriteHalf) -> io::Result<(ReadHalf, WriteHalf)> {
+    let mismatch = || io::Error::other("halves of two different connections");
     match (r.inner, w.inner) {
-        (ReadInner::Socket(rs), WriteInner::Socket(ws)) => {
-            drop(ws);
-            match rs {
-                Socket::Tcp(s) => Ok(tcp(TcpStream::from_std(only_owner(s)?.into_std()?)?)),
-                Socket::Unix(s) => Ok(unix(UnixStream::from_std(only_owner(s)?.into_std()?)?)),
-            }
+        (ReadInner::Socket(SocketRead::Tcp(r)), WriteInner::Socket(SocketWrite::Tcp(w))) => {
+            let s = r.reunite(w).map_err(|_| mismatch())?;
+            Ok(tcp(TcpStream::from_std(s.into_std()?)?))
+        }
+        (ReadInner::Socket(SocketRead::Unix(r)), WriteInner::Socket(SocketWrite::Unix(w))) => {
+            let s = r.reunite(w).map_err(|_| mismatch())?;
+            Ok(unix(UnixStream::from_std(s.into_std()?)?))
         }
         (ReadInner::Shm(r), WriteInner::Shm(w)) => Ok(shm(crate::shm::reregister(*r, w)?)),
-        _ => Err(io::Error::other("halves of two different connections")),
+        _ => Err(mismatch()),
     }
 }
 
@@ -129,9 +145,35 @@ impl ReadHalf {
     /// between reads.
     pub fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
         match &mut self.inner {
-            ReadInner::Socket(Socket::Tcp(s)) => s.try_read_buf(buf),
-            ReadInner::Socket(Socket::Unix(s)) => s.try_read_buf(buf),
+            ReadInner::Socket(SocketRead::Tcp(s)) => s.try_read_buf(buf),
+            ReadInner::Socket(SocketRead::Unix(s)) => s.try_read_buf(buf),
             ReadInner::Shm(r) => r.try_read_buf(buf),
+        }
+    }
+
+    /// Reads what is available into `buf`'s spare capacity, or registers `cx`
+    /// to be woken when something may be; `Ok(0)` at end of stream. For a
+    /// reader that sleeps between reads.
+    pub fn poll_read_buf(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut BytesMut,
+    ) -> Poll<io::Result<usize>> {
+        match &mut self.inner {
+            ReadInner::Socket(SocketRead::Tcp(s)) => {
+                tokio_util::io::poll_read_buf(Pin::new(s), cx, buf)
+            }
+            ReadInner::Socket(SocketRead::Unix(s)) => {
+                tokio_util::io::poll_read_buf(Pin::new(s), cx, buf)
+            }
+            ReadInner::Shm(r) => loop {
+                match r.try_read_buf(buf) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        ready!(r.poll_read_ready(cx))?;
+                    }
+                    other => return Poll::Ready(other),
+                }
+            },
         }
     }
 
@@ -161,8 +203,8 @@ impl ReadHalf {
     /// Waits until the stream may be readable, registering `cx` to be woken.
     pub fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match &mut self.inner {
-            ReadInner::Socket(Socket::Tcp(s)) => s.poll_read_ready(cx),
-            ReadInner::Socket(Socket::Unix(s)) => s.poll_read_ready(cx),
+            ReadInner::Socket(SocketRead::Tcp(s)) => s.as_ref().poll_read_ready(cx),
+            ReadInner::Socket(SocketRead::Unix(s)) => s.as_ref().poll_read_ready(cx),
             ReadInner::Shm(r) => r.poll_read_ready(cx),
         }
     }
@@ -174,25 +216,24 @@ impl AsyncRead for ReadHalf {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        loop {
-            ready!(self.poll_read_ready(cx))?;
-            let r = match &mut self.inner {
-                ReadInner::Socket(Socket::Tcp(s)) => s.try_read(buf.initialize_unfilled()),
-                ReadInner::Socket(Socket::Unix(s)) => s.try_read(buf.initialize_unfilled()),
-                ReadInner::Shm(r) => {
-                    // Bounded by what `buf` has room for.
-                    let mut b = BytesMut::with_capacity(buf.remaining());
-                    r.try_read_buf(&mut b).inspect(|_| buf.put_slice(&b))
+        match &mut self.inner {
+            ReadInner::Socket(SocketRead::Tcp(s)) => Pin::new(s).poll_read(cx, buf),
+            ReadInner::Socket(SocketRead::Unix(s)) => Pin::new(s).poll_read(cx, buf),
+            ReadInner::Shm(r) => {
+                // Bounded by what `buf` has room for.
+                let mut b = BytesMut::with_capacity(buf.remaining());
+                loop {
+                    match r.try_read_buf(&mut b) {
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            ready!(r.poll_read_ready(cx))?;
+                        }
+                        Err(e) => return Poll::Ready(Err(e)),
+                        Ok(_) => {
+                            buf.put_slice(&b);
+                            return Poll::Ready(Ok(()));
+                        }
+                    }
                 }
-            };
-            match r {
-                Ok(n) => {
-                    buf.advance(n);
-                    return Poll::Ready(Ok(()));
-                }
-                // Readiness was stale; tokio has cleared it, so this registers anew.
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Poll::Ready(Err(e)),
             }
         }
     }
@@ -247,10 +288,12 @@ impl WriteHalf {
     ) -> Poll<io::Result<usize>> {
         loop {
             let r = match &self.inner {
-                WriteInner::Socket(Socket::Tcp(s)) => {
+                WriteInner::Socket(SocketWrite::Tcp(s)) => {
+                    let s = s.as_ref();
                     s.try_io(Interest::WRITABLE, || send_now(s.as_fd(), bufs))
                 }
-                WriteInner::Socket(Socket::Unix(s)) => {
+                WriteInner::Socket(SocketWrite::Unix(s)) => {
+                    let s = s.as_ref();
                     s.try_io(Interest::WRITABLE, || send_now(s.as_fd(), bufs))
                 }
                 WriteInner::Shm(w) => w.try_write_vectored(bufs),
@@ -267,8 +310,8 @@ impl WriteHalf {
     /// Waits until the stream may be writable, registering `cx` to be woken.
     pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match &self.inner {
-            WriteInner::Socket(Socket::Tcp(s)) => s.poll_write_ready(cx),
-            WriteInner::Socket(Socket::Unix(s)) => s.poll_write_ready(cx),
+            WriteInner::Socket(SocketWrite::Tcp(s)) => s.as_ref().poll_write_ready(cx),
+            WriteInner::Socket(SocketWrite::Unix(s)) => s.as_ref().poll_write_ready(cx),
             WriteInner::Shm(w) => w.poll_write_ready(cx),
         }
     }

@@ -324,6 +324,16 @@ impl Conn {
         }
     }
 
+    /// Sends a frame among others in flight: it waits to be written with
+    /// whatever else is queued at the moment, in one system call.
+    pub(crate) async fn send_frame_batched(&self, frame: EncodedFrame) -> Result<()> {
+        let writer = self.lock().writer.clone();
+        match writer {
+            Some(w) => w.send_batched(frame).await.map_err(|_| self.closed_error()),
+            None => Err(self.closed_error()),
+        }
+    }
+
     /// Sends a frame if that needs no waiting; for drop paths, which cannot wait.
     pub(crate) fn try_send_frame(&self, frame: EncodedFrame) -> bool {
         let writer = self.lock().writer.clone();
@@ -332,8 +342,13 @@ impl Conn {
 
     /// Registers a call waiting for the response to `msg`. A message id
     /// already in flight (the same message sent twice at once) is replaced
-    /// by a fresh one, so each response finds its own caller.
-    pub(crate) fn register_pending(&self, msg: &mut Message) -> Result<oneshot::Receiver<Message>> {
+    /// by a fresh one, so each response finds its own caller. Also says
+    /// whether other calls are in flight: then this one is pipelined, and
+    /// its request may wait to be written with theirs.
+    pub(crate) fn register_pending(
+        &self,
+        msg: &mut Message,
+    ) -> Result<(oneshot::Receiver<Message>, bool)> {
         let mut s = self.lock();
         if let Some(reason) = &s.closed {
             return Err(Error::ConnectionClosed(reason.clone()));
@@ -343,7 +358,7 @@ impl Conn {
         }
         let (tx, rx) = oneshot::channel();
         s.pending.insert(msg.id, tx);
-        Ok(rx)
+        Ok((rx, s.pending.len() > 1))
     }
 
     /// Forgets a call (it timed out or was cancelled).

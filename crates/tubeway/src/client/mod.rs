@@ -186,11 +186,16 @@ impl AsyncClient {
     /// Sends any message and returns its response, waiting at most `timeout`.
     pub async fn request_timeout(&self, mut msg: Message, timeout: Duration) -> Result<Message> {
         let conn = self.conn();
-        let rx = conn.register_pending(&mut msg)?;
+        let (rx, pipelined) = conn.register_pending(&mut msg)?;
         // Removes the entry however this call ends: answered, timed out, or cancelled.
         let _pending = PendingGuard { conn, id: msg.id };
         let exchange = async {
-            conn.send_frame(conn.encode(&msg)?).await?;
+            let frame = conn.encode(&msg)?;
+            if pipelined {
+                conn.send_frame_batched(frame).await?;
+            } else {
+                conn.send_frame(frame).await?;
+            }
             rx.await.map_err(|_| conn.closed_error())
         };
         tokio::time::timeout(timeout, exchange)
