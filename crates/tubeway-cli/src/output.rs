@@ -85,7 +85,13 @@ pub fn human_payload(msg: &Message) -> String {
 
 /// Formats rows as left-aligned columns separated by two spaces.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    table_aligned(header, rows, &[])
+}
+
+/// Formats rows as columns separated by two spaces; column `i` is
+/// right-aligned (for numbers) when `right[i]` is true, else left-aligned.
+pub fn table_aligned(header: &[&str], rows: &[Vec<String>], right: &[bool]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
@@ -98,8 +104,14 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
             if i > 0 {
                 line.push_str("  ");
             }
-            line.push_str(cell);
-            line.extend(std::iter::repeat_n(' ', w - cell.chars().count()));
+            let pad = std::iter::repeat_n(' ', w - cell.chars().count());
+            if right.get(i).copied().unwrap_or(false) {
+                line.extend(pad);
+                line.push_str(cell);
+            } else {
+                line.push_str(cell);
+                line.extend(pad);
+            }
         }
         out.push_str(line.trim_end());
         out.push('\n');
@@ -194,6 +206,15 @@ mod tests {
             ],
         );
         assert_eq!(t, "NAME  SIZE\njobs  3\nx     10");
+        let t = table_aligned(
+            &["NAME", "SIZE"],
+            &[
+                vec!["jobs".into(), "3".into()],
+                vec!["x".into(), "10".into()],
+            ],
+            &[false, true],
+        );
+        assert_eq!(t, "NAME  SIZE\njobs     3\nx       10");
     }
 
     #[test]
