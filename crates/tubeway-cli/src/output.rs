@@ -135,9 +135,16 @@ pub fn report(err: &anyhow::Error) -> u8 {
 
 /// The exit status for `err` and the line to print (none for a closed stdout).
 pub fn describe(err: &anyhow::Error) -> (u8, Option<String>) {
-    for cause in err.chain() {
+    for (depth, cause) in err.chain().enumerate() {
         if let Some(e) = cause.downcast_ref::<tubeway::Error>() {
-            return describe_client_error(e);
+            let (code, line) = describe_client_error(e);
+            // Context added on the way up (`during tcp call 5 KB`) comes first.
+            let context: Vec<String> = err.chain().take(depth).map(ToString::to_string).collect();
+            let line = match (context.is_empty(), line) {
+                (false, Some(line)) => Some(format!("{}: {line}", context.join(": "))),
+                (_, line) => line,
+            };
+            return (code, line);
         }
         if cause.downcast_ref::<UsageError>().is_some() {
             return (EXIT_USAGE, Some(format!("{err:#}")));
@@ -234,6 +241,16 @@ mod tests {
         assert!(line.unwrap().starts_with("timeout: "));
         let (code, _) = status(tubeway::Error::ConnectionClosed("gone".into()));
         assert_eq!(code, 3);
+        let lost = anyhow::Error::new(tubeway::Error::ConnectionClosed("gone".into()))
+            .context("during tcp call 5 KB");
+        let (code, line) = describe(&lost);
+        assert_eq!(code, 3);
+        assert!(
+            line.as_deref()
+                .unwrap_or_default()
+                .starts_with("during tcp call 5 KB: "),
+            "{line:?}"
+        );
         let (code, _) = describe(&anyhow::Error::new(UsageError("bad".into())));
         assert_eq!(code, 2);
         let (code, line) = describe(&anyhow::anyhow!("something else"));
