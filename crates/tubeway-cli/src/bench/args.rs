@@ -168,6 +168,12 @@ pub struct BenchArgs {
     #[arg(long)]
     pub quick: bool,
 
+    /// Run everything (bench, broker, peers) on CPU 0, under `taskset -c 0`:
+    /// no cross-CPU wake-ups, so figures measure CPU cost and vary far less
+    /// between runs on a small or busy machine.
+    #[arg(long)]
+    pub one_cpu: bool,
+
     /// Print one JSON document instead of the table (no progress line).
     #[arg(long)]
     pub json: bool,

@@ -44,9 +44,15 @@ use machine::{load_average, Machine};
 use progress::Progress;
 use report::{Method, Report};
 
+/// Set in the environment of a bench re-executed on one CPU.
+const PINNED: &str = "TUBEWAY_BENCH_PINNED";
+
 /// Runs the benchmark and prints the report.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let settings = Settings::resolve(&args)?;
+    if args.one_cpu && std::env::var_os(PINNED).is_none() {
+        return pin_to_one_cpu().await;
+    }
     if let Some(plot) = &args.plot {
         let parent = plot.parent().filter(|p| !p.as_os_str().is_empty());
         if parent.is_some_and(|p| !p.is_dir()) {
@@ -88,6 +94,26 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs this same command again under `taskset -c 0` (its children inherit
+/// the CPU mask) and exits with its status.
+async fn pin_to_one_cpu() -> anyhow::Result<()> {
+    let exe = std::env::current_exe()?;
+    let status = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("taskset")
+            .args(["-c", "0"])
+            .arg(exe)
+            .args(std::env::args_os().skip(1))
+            .env(PINNED, "1")
+            .status()
+    })
+    .await?
+    .map_err(|e| UsageError(format!("--one-cpu needs taskset (util-linux): {e}")))?;
+    match status.code() {
+        Some(0) => Ok(()),
+        code => std::process::exit(code.unwrap_or(1)),
+    }
+}
+
 /// The command line as typed, program name as `tubeway`.
 fn command_line() -> String {
     let mut words = vec!["tubeway".to_owned()];
@@ -114,16 +140,22 @@ fn method(s: &Settings) -> Method {
         latency_duration_ms: ms(s.latency_duration),
         rate: s.rate,
         quick: s.quick,
+        one_cpu: std::env::var_os(PINNED).is_some(),
         summary: format!(
             "each figure warmed up for {}, then measured in {} run{} of {}, its bare limits \
              measured in the same runs, interleaved; figures are medians (min-max across runs); \
              ratio = figure / bare limit, medians; the fixed-rate latency is one run of {} \
-             after a warm-up at that rate",
+             after a warm-up at that rate{}",
             show(s.warmup),
             s.runs,
             if s.runs == 1 { "" } else { "s" },
             show(s.duration),
             show(s.latency_duration),
+            if std::env::var_os(PINNED).is_some() {
+                "; everything pinned to CPU 0 (--one-cpu)"
+            } else {
+                "; threads placed by the scheduler on every CPU"
+            },
         ),
     }
 }

@@ -40,6 +40,8 @@ pub struct Method {
     pub rate: u64,
     /// Whether `--quick` chose the defaults.
     pub quick: bool,
+    /// Whether everything ran on one CPU (`--one-cpu`).
+    pub one_cpu: bool,
     /// In words.
     pub summary: String,
 }
