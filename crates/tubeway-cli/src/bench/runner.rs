@@ -64,31 +64,31 @@ pub async fn closed_loop(
     let run = async {
         let start = Instant::now();
         let deadline = start + d;
-        let tasks: Vec<_> = (0..lanes * in_flight)
-            .map(|i| {
-                let work = work.clone();
-                let lane = i / in_flight.max(1);
-                tokio::spawn(async move {
-                    let mut hist = record.then(latency::histogram);
-                    let mut ops = 0u64;
-                    loop {
-                        let t0 = Instant::now();
-                        if t0 >= deadline {
-                            return anyhow::Ok((ops, hist));
-                        }
-                        work.op(lane).await?;
-                        if let Some(h) = hist.as_mut() {
-                            latency::record(h, t0.elapsed());
-                        }
-                        ops += 1;
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..lanes * in_flight {
+            let work = work.clone();
+            let lane = i / in_flight.max(1);
+            tasks.spawn(async move {
+                let mut hist = record.then(latency::histogram);
+                let mut ops = 0u64;
+                loop {
+                    let t0 = Instant::now();
+                    if t0 >= deadline {
+                        return anyhow::Ok((ops, hist));
                     }
-                })
-            })
-            .collect();
+                    work.op(lane).await?;
+                    if let Some(h) = hist.as_mut() {
+                        latency::record(h, t0.elapsed());
+                    }
+                    ops += 1;
+                }
+            });
+        }
         let mut ops = 0;
         let mut merged = record.then(latency::histogram);
-        for t in tasks {
-            let (n, h) = t.await.context("a bench task panicked")??;
+        while let Some(done) = tasks.join_next().await {
+            // The first failure ends the run; the other tasks are aborted on drop.
+            let (n, h) = done.context("a bench task panicked")??;
             ops += n;
             if let (Some(m), Some(h)) = (merged.as_mut(), h) {
                 m.add(h).context("merging latency histograms")?;
@@ -275,9 +275,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_failing_operation_ends_the_run() {
+        // Four tasks; the first failure ends the run long before its 60 s.
         let w = sleepy(Duration::ZERO, 10);
-        let err = closed_loop(&w, 1, 1, Duration::from_secs(10), false)
+        let run = closed_loop(&w, 2, 2, Duration::from_secs(60), false);
+        let err = tokio::time::timeout(Duration::from_secs(30), run)
             .await
+            .expect("the run ended at the first failure")
             .unwrap_err();
         assert!(err.to_string().contains("broken after"), "{err}");
         let w = sleepy(Duration::ZERO, 10);

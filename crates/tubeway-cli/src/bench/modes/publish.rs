@@ -112,7 +112,7 @@ impl Workload for Topic {
                     let now = Tally { deliveries, drops };
                     let mut last = self.reported.lock().unwrap_or_else(PoisonError::into_inner);
                     let delta = Tally {
-                        deliveries: now.deliveries - last.deliveries,
+                        deliveries: now.deliveries.saturating_sub(last.deliveries),
                         drops: now.drops.saturating_sub(last.drops),
                     };
                     *last = now;
