@@ -6,7 +6,9 @@ use std::path::Path;
 use plotters::prelude::*;
 
 use super::args::Group;
+use super::figures::size_label;
 use super::report::{Report, Section};
+use super::table::num;
 
 /// Width and height of the whole picture, in pixels.
 const SIZE: (u32, u32) = (1400, 560);
@@ -140,8 +142,10 @@ pub fn draw(r: &Report, path: &Path) -> anyhow::Result<()> {
         .map_err(|e| err(&e))?;
     chart
         .configure_mesh()
-        .x_desc("payload (bytes)")
+        .x_desc("payload")
         .y_desc("MB/s")
+        .x_label_formatter(&|x| size_label(x.round() as usize))
+        .y_label_formatter(&|y| num(*y))
         .draw()
         .map_err(|e| err(&e))?;
     lines(&mut chart, &tput).map_err(|e| err(&e))?;
@@ -159,6 +163,7 @@ pub fn draw(r: &Report, path: &Path) -> anyhow::Result<()> {
         .configure_mesh()
         .x_desc("percentile (1 = 90%, 2 = 99%, 3 = 99.9%, ...)")
         .y_desc("µs")
+        .y_label_formatter(&|y| num(*y))
         .draw()
         .map_err(|e| err(&e))?;
     lines(&mut chart, &lat).map_err(|e| err(&e))?;
