@@ -138,11 +138,11 @@ pub struct BenchArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
     pub latency_duration: Option<Duration>,
 
-    /// Measuring time of each run of each throughput figure (default 1s).
+    /// Measuring time of each run of each figure (default 500ms).
     #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
     pub duration: Option<Duration>,
 
-    /// Warm-up before each figure, not measured (default 500ms).
+    /// Warm-up before each figure, not measured (default 300ms).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub warmup: Option<Duration>,
 
@@ -294,12 +294,12 @@ impl Settings {
             ),
             duration: or(
                 args.duration,
-                Duration::from_secs(1),
+                Duration::from_millis(500),
                 Duration::from_millis(150),
             ),
             warmup: or(
                 args.warmup,
-                Duration::from_millis(500),
+                Duration::from_millis(300),
                 Duration::from_millis(50),
             ),
             runs: usize::try_from(args.runs.unwrap_or(if quick { 1 } else { 3 })).unwrap_or(1),
@@ -396,6 +396,7 @@ mod tests {
         assert_eq!(s.sweep_payload, 5_000);
         assert_eq!(s.latency_duration, Duration::from_secs(30));
         assert_eq!(s.runs, 3);
+        assert_eq!(s.duration, Duration::from_millis(500));
         assert_eq!(s.transports, Transport::available());
         assert_eq!(s.modes.len(), 1);
         assert_eq!(s.modes[0].name(), "call");
@@ -408,7 +409,7 @@ mod tests {
         assert_eq!(s.runs, 2);
         assert_eq!(s.payloads, [1024, 5000]);
         assert_eq!(s.connections, [1, 4]);
-        assert!(s.duration < Duration::from_secs(1));
+        assert!(s.duration < Duration::from_millis(500));
     }
 
     #[test]
