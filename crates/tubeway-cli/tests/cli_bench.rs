@@ -214,6 +214,29 @@ fn the_table_is_for_people() {
 }
 
 #[test]
+fn a_running_broker_is_benched_within_its_limits() {
+    // Its maximum message size is 20 MiB: 30 MB payloads are reported as
+    // not measured, not failed.
+    let server = Server::start();
+    let mut cmd = tubeway();
+    cmd.args(["bench", "--json", "--url", &server.tcp, "--mode", "echo"])
+        .args(["--figures", "size,memory", "--payload", "64B,30MB"])
+        .args(TINY);
+    let out = run(&mut cmd);
+    let report: Value = serde_json::from_str(out.ok()).expect("JSON");
+    let s = section(&report, "tcp", Some("echo"));
+    assert!(s["broker"].as_str().unwrap().contains("--url"), "{s}");
+    let sizes = figures(s, "size");
+    assert!(num(&sizes[0]["msgs_per_sec"]["median"]) > 0.0);
+    assert!(sizes[1]["msgs_per_sec"].is_null());
+    let note = sizes[1]["note"].as_str().unwrap();
+    assert!(note.contains("maximum message size"), "{note}");
+    // Not our process: its memory is not ours to read.
+    let limits = section(&report, "tcp", None);
+    assert!(figures(limits, "memory")[0]["memory"].is_null());
+}
+
+#[test]
 fn bad_options_are_one_clear_line() {
     for (args, code, expected) in [
         (&["--payload", "5XB"][..], 2, "invalid size"),

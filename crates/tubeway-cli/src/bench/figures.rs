@@ -254,9 +254,6 @@ impl Bench<'_> {
             drops: publish.then_some(drops),
             baselines,
             rss: Some(rss).filter(|r| r.bench_kib.is_some()),
-            note: self.target.in_process().then(|| {
-                "the broker runs in the bench process: its memory is in the bench's".to_owned()
-            }),
             ..Figure::default()
         })
     }

@@ -4,11 +4,13 @@ use std::path::{Path, PathBuf};
 
 use super::args::{Group, Settings};
 use super::bare::Peer;
-use super::figures::{limit_figure, relate_to_first, Bench, SHM_MISSING, SHM_PING_PONG};
+use super::figures::{
+    limit_figure, relate_to_first, size_label, Bench, SHM_MISSING, SHM_PING_PONG,
+};
 use super::idle;
 use super::progress::Progress;
 use super::report::{Figure, Section};
-use super::target::Target;
+use super::target::{Target, HEADER_ROOM};
 use super::transport::{BareKind, Transport};
 
 /// A private directory for socket files, removed when dropped.
@@ -108,7 +110,21 @@ async fn transport_sections(
         let mut figures = Vec::new();
         if s.wants(Group::Size) {
             for &p in &s.payloads {
-                figures.push(bench.size(mode, p).await?);
+                let limit = bench.target.max_message_size;
+                if p.saturating_add(HEADER_ROOM) > limit {
+                    // Only a broker at --url can be too small: ours are sized to fit.
+                    figures.push(Figure {
+                        group: Some(Group::Size),
+                        label: size_label(p),
+                        payload: p,
+                        note: Some(format!(
+                            "not measured: larger than the broker's maximum message size ({limit} bytes)"
+                        )),
+                        ..Figure::default()
+                    });
+                } else {
+                    figures.push(bench.size(mode, p).await?);
+                }
                 progress.done_one();
             }
         }

@@ -199,6 +199,10 @@ fn throughput(figs: &[&Figure], what: &str, sizes: bool) -> String {
     if sizes {
         header.extend(["peak RSS bench".to_owned(), "peak RSS broker".to_owned()]);
     }
+    let notes = figs.iter().any(|f| f.note.is_some());
+    if notes {
+        header.push(String::new());
+    }
     let rows: Vec<Vec<String>> = figs
         .iter()
         .map(|f| {
@@ -216,16 +220,18 @@ fn throughput(figs: &[&Figure], what: &str, sizes: bool) -> String {
             if sizes {
                 let rss = f.rss.unwrap_or_default();
                 row.push(mib(rss.bench_kib));
-                row.push(match (rss.broker_kib, &f.note) {
-                    (None, Some(_)) => "in bench".to_owned(),
-                    (k, _) => mib(k),
-                });
+                row.push(mib(rss.broker_kib));
+            }
+            if notes {
+                row.push(f.note.clone().unwrap_or_default());
             }
             row
         })
         .collect();
     let refs: Vec<&str> = header.iter().map(String::as_str).collect();
-    let right: Vec<bool> = (0..header.len()).map(|i| i > 0).collect();
+    let right: Vec<bool> = (0..header.len())
+        .map(|i| i > 0 && !(notes && i + 1 == header.len()))
+        .collect();
     table_aligned(&refs, &rows, &right)
 }
 

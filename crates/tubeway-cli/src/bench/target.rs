@@ -12,7 +12,7 @@ use super::transport::Transport;
 use crate::cli::{MAX_MESSAGE_SIZE_LIMIT, MIN_MESSAGE_SIZE_LIMIT};
 
 /// Room for the header beside the largest payload.
-const HEADER_ROOM: usize = 64 * 1024;
+pub const HEADER_ROOM: usize = 64 * 1024;
 
 /// A broker to bench.
 #[derive(Debug)]
@@ -25,6 +25,8 @@ pub struct Target {
     pub description: String,
     /// Client settings for connections to it.
     pub options: ClientOptions,
+    /// The largest message it accepts, as announced in the handshake.
+    pub max_message_size: usize,
     kind: Kind,
 }
 
@@ -87,17 +89,18 @@ impl Target {
             let description = format!("child process `tubeway server`, pid {}", proc.pid());
             (Kind::Child(proc), url, description)
         };
-        let target = Target {
+        // One handshake, so a broker that cannot be reached fails here.
+        let probe = AsyncClient::connect_with(&url, options.clone()).await?;
+        let max_message_size = probe.max_message_size();
+        probe.close().await;
+        Ok(Target {
             transport,
             url,
             description,
             options,
+            max_message_size,
             kind,
-        };
-        // One handshake, so a broker that cannot be reached fails here.
-        let probe = AsyncClient::connect_with(&target.url, target.options.clone()).await?;
-        probe.close().await;
-        Ok(target)
+        })
     }
 
     /// The broker's process id, when it is a child of ours.
@@ -106,11 +109,6 @@ impl Target {
             Kind::Child(c) => Some(Proc::Pid(c.pid())),
             Kind::InProcess(_) | Kind::External => None,
         }
-    }
-
-    /// Whether the broker runs in this process.
-    pub fn in_process(&self) -> bool {
-        matches!(self.kind, Kind::InProcess(_))
     }
 
     /// An error if the broker process has exited.
