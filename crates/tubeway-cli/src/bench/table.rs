@@ -8,6 +8,10 @@ use super::machine::show_load;
 use super::report::{Baseline, Figure, Report, Section, Stat};
 use crate::output::table_aligned;
 
+/// A 1-minute load average above which the report warns that other work
+/// competed with the run.
+const BUSY_LOAD: f64 = 0.5;
+
 /// `35,012`, `123.4`, `5.67`, `0.0123`: enough digits to compare, no more.
 pub fn num(x: f64) -> String {
     if !x.is_finite() {
@@ -84,6 +88,18 @@ pub fn render(r: &Report) -> String {
         show_load(m.load_before),
         show_load(m.load_after)
     );
+    let busiest = [m.load_before, m.load_after]
+        .iter()
+        .flatten()
+        .map(|l| l[0])
+        .fold(0.0, f64::max);
+    if busiest > BUSY_LOAD {
+        let _ = writeln!(
+            out,
+            "warning:  1-minute load average up to {busiest:.2}: other work shared the CPUs, \
+             so absolute figures are pessimistic; compare ratios"
+        );
+    }
     let _ = writeln!(out, "method:   {}", r.method.summary);
     let _ = writeln!(out, "build:    tubeway {} ({})", r.version, r.build);
     if r.build != "release" {
