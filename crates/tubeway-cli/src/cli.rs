@@ -143,6 +143,7 @@ answers each request with an empty `ok` (the cheapest call, as measured by
     Stats(StatsArgs),
 
     /// Measure throughput, latency and memory against the machine's bare limits.
+    #[command(long_about = crate::bench::LONG_ABOUT, after_long_help = crate::bench::EXAMPLES)]
     Bench(crate::bench::BenchArgs),
 
     /// The far end of `bench`'s bare socket limits (run by `bench` itself).

@@ -27,7 +27,8 @@ pub const DEFAULT_IN_FLIGHT: [u64; 3] = [1, 16, 256];
 /// less room for the header.
 pub const MAX_PAYLOAD: u64 = crate::cli::MAX_MESSAGE_SIZE_LIMIT - 64 * 1024;
 
-const LONG_ABOUT: &str = "\
+/// `tubeway bench --help`: what the command measures.
+pub const LONG_ABOUT: &str = "\
 Measure Tubeway against the limits of the machine, in one run.
 
 For each transport and mode: throughput by payload size on one connection,
@@ -56,7 +57,8 @@ Modes:
   publish  a publish to a topic with --subscribers subscribers on their own
            connections; every delivery and every drop is counted";
 
-const EXAMPLES: &str = "\
+/// `tubeway bench --help`: examples.
+pub const EXAMPLES: &str = "\
 Examples:
   tubeway bench                                   # the full suite: a few minutes
   tubeway bench --quick                           # a few seconds
@@ -86,7 +88,6 @@ pub enum Group {
 
 /// `tubeway bench`.
 #[derive(Debug, Args)]
-#[command(long_about = LONG_ABOUT, after_long_help = EXAMPLES)]
 pub struct BenchArgs {
     /// Transports to measure, a comma list (default: every one of this build).
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_transport,

@@ -31,7 +31,7 @@ mod table;
 mod target;
 mod transport;
 
-pub use args::{BenchArgs, PeerArgs};
+pub use args::{BenchArgs, PeerArgs, EXAMPLES, LONG_ABOUT};
 
 use std::time::Duration;
 
