@@ -36,8 +36,6 @@ pub struct Bench<'a> {
     pub peer: Option<&'a mut Peer>,
     /// The progress line.
     pub progress: &'a Progress,
-    /// Bare streaming on this transport, MB/s, if measured.
-    pub stream: Option<Stat>,
     /// Makes queue and topic names unique.
     pub next_tag: usize,
     /// Where socket files go.
@@ -153,8 +151,7 @@ impl Bench<'_> {
                 runs.push(mb(r));
             }
         }
-        self.stream = Stat::of(runs);
-        Ok(self.stream.clone())
+        Ok(Stat::of(runs))
     }
 
     /// Throughput by payload size: one connection, one in flight.
@@ -178,7 +175,7 @@ impl Bench<'_> {
         runner::closed_loop(&work, 1, 1, s.warmup, false).await?;
         self.bare_ping_pong(&exchanges, s.warmup, false).await?;
         let (mut ops, mut deliveries, mut drops) = (Vec::new(), Vec::new(), 0);
-        let (mut pp, mut copy) = (Vec::new(), Vec::new());
+        let (mut pp, mut stream, mut copy) = (Vec::new(), Vec::new(), Vec::new());
         let mut rss = Rss::default();
         let broker = self.target.broker_proc();
         for run in 0..s.runs {
@@ -190,6 +187,9 @@ impl Bench<'_> {
             ));
             if let Some((c, _)) = self.bare_ping_pong(&exchanges, s.duration, false).await? {
                 pp.push(c.rate());
+            }
+            if let Some(r) = self.bare_stream(s.duration).await? {
+                stream.push(mb(r));
             }
             let d = s.duration;
             let c = tokio::task::spawn_blocking(move || bare::memcpy(payload, d)).await?;
@@ -224,11 +224,11 @@ impl Bench<'_> {
                 median(&msgs),
             ));
         }
-        if self.stream.is_some() {
+        if let Some(stream) = Stat::of(stream) {
             baselines.push(Baseline::measured(
                 "bare socket streaming",
                 "MB/s",
-                self.stream.clone(),
+                Some(stream),
                 median(&mbs),
             ));
         }

@@ -99,7 +99,6 @@ async fn transport_sections(
         target,
         peer,
         progress,
-        stream: None,
         next_tag: 0,
         dir,
     };
