@@ -72,7 +72,8 @@ Examples:
   tubeway topic create news
   tubeway subscribe news --count 2 &
   tubeway publish news 'extra, extra'
-  TUBEWAY_URL=unix:///tmp/tubeway.sock tubeway stats";
+  TUBEWAY_URL=unix:///tmp/tubeway.sock tubeway stats
+  tubeway bench --quick";
 
 /// The `tubeway` command line.
 #[derive(Debug, Parser)]
@@ -100,7 +101,7 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run a broker, with the built-in function `echo`, until SIGINT or SIGTERM.
+    /// Run a broker, with the built-in functions `echo` and `ack`, until SIGINT or SIGTERM.
     #[command(long_about = "\
 Run a broker until SIGINT (Ctrl-C) or SIGTERM, then shut it down gracefully:
 stop accepting, let in-flight requests finish (at most 5 s), close every
@@ -109,8 +110,10 @@ connection.
 As soon as each address is bound, prints `listening on URL` on stdout, one
 line per address, with the real port when port 0 was asked for.
 
-The broker serves one built-in function, `echo`, which answers each request
-with its payload (and mimetype and charset) unchanged.")]
+The broker serves two built-in functions: `echo`, which answers each request
+with its payload (and mimetype and charset) unchanged, and `ack`, which
+answers each request with an empty `ok` (the cheapest call, as measured by
+`tubeway bench`).")]
     Server(ServerArgs),
 
     /// Call a function and print its response.
@@ -138,6 +141,14 @@ with its payload (and mimetype and charset) unchanged.")]
 
     /// Show broker statistics: connections, messages, queues, topics, functions.
     Stats(StatsArgs),
+
+    /// Measure throughput, latency and memory against the machine's bare limits.
+    #[command(long_about = crate::bench::LONG_ABOUT, after_long_help = crate::bench::EXAMPLES)]
+    Bench(crate::bench::BenchArgs),
+
+    /// The far end of `bench`'s bare socket limits (run by `bench` itself).
+    #[command(hide = true)]
+    BenchPeer(crate::bench::PeerArgs),
 }
 
 /// `tubeway server`.
@@ -165,6 +176,10 @@ pub struct ServerArgs {
     /// while the connection is active.
     #[arg(long, value_name = "STRATEGY")]
     pub wait: Option<tubeway::WaitStrategy>,
+    /// Stop, as on SIGTERM, when stdin closes: for a parent process that
+    /// must not leave its broker behind (`tubeway bench`).
+    #[arg(long, hide = true)]
+    pub exit_on_stdin_close: bool,
 }
 
 /// Where the broker is and how long to wait for it; taken by every client command.

@@ -2,6 +2,7 @@
 //!
 //! `tubeway --help` is the reference; each subcommand lives in a module of its own.
 
+mod bench;
 mod call;
 mod cli;
 mod offer;
@@ -57,6 +58,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Publish(args) => publish::run(args).await,
         Command::Subscribe(args) => subscribe::run(args).await,
         Command::Stats(args) => stats::run(args).await,
+        Command::Bench(args) => bench::run(args).await,
+        Command::BenchPeer(args) => tokio::task::spawn_blocking(move || bench::peer::run(&args))
+            .await
+            .map_err(anyhow::Error::from)?,
     }
 }
 

@@ -85,7 +85,13 @@ pub fn human_payload(msg: &Message) -> String {
 
 /// Formats rows as left-aligned columns separated by two spaces.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    table_aligned(header, rows, &[])
+}
+
+/// Formats rows as columns separated by two spaces; column `i` is
+/// right-aligned (for numbers) when `right[i]` is true, else left-aligned.
+pub fn table_aligned(header: &[&str], rows: &[Vec<String>], right: &[bool]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
@@ -98,8 +104,14 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
             if i > 0 {
                 line.push_str("  ");
             }
-            line.push_str(cell);
-            line.extend(std::iter::repeat_n(' ', w - cell.chars().count()));
+            let pad = std::iter::repeat_n(' ', w - cell.chars().count());
+            if right.get(i).copied().unwrap_or(false) {
+                line.extend(pad);
+                line.push_str(cell);
+            } else {
+                line.push_str(cell);
+                line.extend(pad);
+            }
         }
         out.push_str(line.trim_end());
         out.push('\n');
@@ -123,9 +135,16 @@ pub fn report(err: &anyhow::Error) -> u8 {
 
 /// The exit status for `err` and the line to print (none for a closed stdout).
 pub fn describe(err: &anyhow::Error) -> (u8, Option<String>) {
-    for cause in err.chain() {
+    for (depth, cause) in err.chain().enumerate() {
         if let Some(e) = cause.downcast_ref::<tubeway::Error>() {
-            return describe_client_error(e);
+            let (code, line) = describe_client_error(e);
+            // Context added on the way up (`during tcp call 5 KB`) comes first.
+            let context: Vec<String> = err.chain().take(depth).map(ToString::to_string).collect();
+            let line = match (context.is_empty(), line) {
+                (false, Some(line)) => Some(format!("{}: {line}", context.join(": "))),
+                (_, line) => line,
+            };
+            return (code, line);
         }
         if cause.downcast_ref::<UsageError>().is_some() {
             return (EXIT_USAGE, Some(format!("{err:#}")));
@@ -194,6 +213,15 @@ mod tests {
             ],
         );
         assert_eq!(t, "NAME  SIZE\njobs  3\nx     10");
+        let t = table_aligned(
+            &["NAME", "SIZE"],
+            &[
+                vec!["jobs".into(), "3".into()],
+                vec!["x".into(), "10".into()],
+            ],
+            &[false, true],
+        );
+        assert_eq!(t, "NAME  SIZE\njobs     3\nx       10");
     }
 
     #[test]
@@ -213,6 +241,16 @@ mod tests {
         assert!(line.unwrap().starts_with("timeout: "));
         let (code, _) = status(tubeway::Error::ConnectionClosed("gone".into()));
         assert_eq!(code, 3);
+        let lost = anyhow::Error::new(tubeway::Error::ConnectionClosed("gone".into()))
+            .context("during tcp call 5 KB");
+        let (code, line) = describe(&lost);
+        assert_eq!(code, 3);
+        assert!(
+            line.as_deref()
+                .unwrap_or_default()
+                .starts_with("during tcp call 5 KB: "),
+            "{line:?}"
+        );
         let (code, _) = describe(&anyhow::Error::new(UsageError("bad".into())));
         assert_eq!(code, 2);
         let (code, line) = describe(&anyhow::anyhow!("something else"));

@@ -1,4 +1,4 @@
-//! `tubeway server`: a broker with the built-in `echo` function.
+//! `tubeway server`: a broker with the built-in `echo` and `ack` functions.
 
 use anyhow::Context as _;
 use tokio::signal::unix::{signal, SignalKind};
@@ -30,10 +30,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         config = config.wait(wait);
     }
     let broker = Broker::new(config);
-    // The request itself is the answer: payload, mimetype, charset and subject.
-    broker
-        .create_function("echo", Ok::<Message, _>)
-        .context("cannot create the echo function")?;
+    install_builtins(&broker)?;
 
     // Installed before binding, so a signal sent as soon as an address is
     // printed is handled, not fatal.
@@ -56,8 +53,40 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     tokio::select! {
         _ = interrupt.recv() => tracing::info!("SIGINT received"),
         _ = terminate.recv() => tracing::info!("SIGTERM received"),
+        _ = stdin_closed(), if args.exit_on_stdin_close => tracing::info!("stdin closed"),
     }
     broker.shutdown().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The built-in functions: `echo` answers with the request (payload,
+/// mimetype, charset and subject); `ack` answers an empty `ok`, the
+/// cheapest possible call (what `tubeway bench --mode call` measures).
+pub fn install_builtins(broker: &Broker) -> anyhow::Result<()> {
+    broker
+        .create_function("echo", Ok)
+        .context("cannot create the echo function")?;
+    // Cloned, not built per call: the handler itself should cost nothing.
+    let empty = Message::request();
+    broker
+        .create_function("ack", move |_| Ok(empty.clone()))
+        .context("cannot create the ack function")?;
+    Ok(())
+}
+
+/// Completes when stdin reaches end-of-file (or fails): the parent that
+/// started this server with a pipe has gone.
+async fn stdin_closed() {
+    let _ = tokio::task::spawn_blocking(|| {
+        use std::io::Read as _;
+        let mut buf = [0u8; 256];
+        let mut stdin = std::io::stdin();
+        while let Ok(n) = stdin.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
 }

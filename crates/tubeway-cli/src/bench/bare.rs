@@ -1,0 +1,165 @@
+//! The bare limits, measured from the bench's side: a std socket ping-pong
+//! and streaming against a `bench-peer` child process, and memcpy.
+
+use std::hint::black_box;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+
+use super::child::{ChildError, ChildProc};
+use super::latency;
+use super::modes::Exchange;
+use super::runner::Count;
+use super::socket::{Request, Stream};
+use super::transport::Transport;
+
+/// Write size of bare streaming.
+pub const STREAM_CHUNK: usize = 1 << 20;
+
+/// A `bench-peer` child process serving one transport.
+#[derive(Debug)]
+pub struct Peer {
+    proc: ChildProc,
+}
+
+impl Peer {
+    /// Starts a peer listening on a fresh address of `transport`.
+    pub fn start(transport: Transport, dir: &Path) -> Result<Peer, ChildError> {
+        let listen = transport.listen_url(dir, "bare");
+        let cmd = ChildProc::command(&["bench-peer".into(), "--listen".into(), listen])?;
+        Ok(Peer {
+            proc: ChildProc::start(cmd, &format!("bare {transport} peer process"))?,
+        })
+    }
+
+    /// A new connection asking for `request`.
+    pub fn open(&mut self, request: &Request) -> anyhow::Result<Stream> {
+        self.proc.check()?;
+        let mut s = Stream::connect(self.proc.url())?;
+        s.write_all(&request.encode())?;
+        Ok(s)
+    }
+
+    /// An error if the peer process has exited.
+    pub fn check(&mut self) -> Result<(), ChildError> {
+        self.proc.check()
+    }
+
+    /// Stops the peer.
+    pub fn stop(self) {
+        self.proc.stop();
+    }
+}
+
+/// The ping-pong request matching a mode's exchanges; `None` when nothing
+/// comes back (that is bare streaming).
+pub fn ping_pong_request(exchanges: &[Exchange]) -> Option<Request> {
+    if exchanges.iter().any(|e| e.down == 0) {
+        return None;
+    }
+    Some(Request::PingPong(
+        exchanges
+            .iter()
+            .map(|e| (e.up as u64, e.down as u64))
+            .collect(),
+    ))
+}
+
+/// Ping-pongs on `s` for `d`: one operation is one pass through
+/// `exchanges`. Records each operation's time in `hist` if given.
+pub fn ping_pong(
+    s: &mut Stream,
+    exchanges: &[Exchange],
+    d: Duration,
+    mut hist: Option<&mut Histogram<u64>>,
+) -> std::io::Result<Count> {
+    let mut bufs: Vec<(Vec<u8>, Vec<u8>)> = exchanges
+        .iter()
+        .map(|e| (vec![0x5au8; e.up], vec![0u8; e.down]))
+        .collect();
+    let start = Instant::now();
+    let mut ops = 0u64;
+    loop {
+        let t0 = Instant::now();
+        for (req, answer) in &mut bufs {
+            s.write_all(black_box(req))?;
+            s.read_exact(answer)?;
+            black_box(&answer);
+        }
+        if let Some(h) = hist.as_deref_mut() {
+            latency::record(h, t0.elapsed());
+        }
+        ops += 1;
+        let t = start.elapsed();
+        if t >= d {
+            return Ok(Count {
+                ops,
+                secs: t.as_secs_f64(),
+            });
+        }
+    }
+}
+
+/// Streams `chunk`-byte writes on a sink connection for `d`; the count is
+/// of bytes the peer confirms it read.
+pub fn stream(mut s: Stream, chunk: usize, d: Duration) -> std::io::Result<Count> {
+    let buf = vec![0x5au8; chunk];
+    let start = Instant::now();
+    while start.elapsed() < d {
+        s.write_all(black_box(&buf))?;
+    }
+    s.shutdown_write()?;
+    let mut total = [0u8; 8];
+    s.read_exact(&mut total)?;
+    Ok(Count {
+        ops: u64::from_le_bytes(total),
+        secs: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Copies a `size`-byte buffer into another for `d`; counts bytes copied.
+pub fn memcpy(size: usize, d: Duration) -> Count {
+    let src = vec![0x5au8; size.max(1)];
+    let mut dst = vec![0u8; size.max(1)];
+    let start = Instant::now();
+    let mut bytes = 0u64;
+    loop {
+        // Batches keep the clock out of small copies.
+        let batch = (1 << 20) / size.max(1) + 1;
+        for _ in 0..batch {
+            dst.copy_from_slice(black_box(&src));
+            black_box(&mut dst);
+        }
+        bytes += (batch * size) as u64;
+        let t = start.elapsed();
+        if t >= d {
+            return Count {
+                ops: bytes,
+                secs: t.as_secs_f64(),
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_follow_the_exchanges() {
+        let x = [Exchange { up: 100, down: 59 }];
+        assert_eq!(
+            ping_pong_request(&x),
+            Some(Request::PingPong(vec![(100, 59)]))
+        );
+        assert_eq!(ping_pong_request(&[Exchange { up: 100, down: 0 }]), None);
+    }
+
+    #[test]
+    fn memcpy_counts_bytes() {
+        let c = memcpy(4096, Duration::from_millis(5));
+        assert!(c.ops > 0 && c.ops % 4096 == 0, "{c:?}");
+    }
+}

@@ -1,0 +1,478 @@
+//! The figures of one transport and mode, each warmed up, then measured
+//! `runs` times with its bare limits measured in the same runs,
+//! interleaved, so that noise hits both sides of each ratio.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::args::{Group, Settings};
+use super::bare::{self, Peer, STREAM_CHUNK};
+use super::latency::{self, Latency};
+use super::memory::Proc;
+use super::modes::{Exchange, Mode, Setup, Workload};
+use super::progress::Progress;
+use super::report::{Baseline, Figure, LatencyFigure, Rss, Stat};
+use super::runner::{self, Count};
+use super::socket::Request;
+use super::target::Target;
+use super::transport::BareKind;
+
+/// Where the shared-memory cache-line ping-pong will stand.
+pub const SHM_PING_PONG: &str = "shared-memory cache-line ping-pong, two processes";
+/// Why it is not measured yet.
+pub const SHM_MISSING: &str =
+    "not measured yet: arrives with the shared-memory ring crate (tubeway-ring)";
+
+/// Everything the figures of one transport share.
+#[derive(Debug)]
+pub struct Bench<'a> {
+    /// The options.
+    pub settings: &'a Settings,
+    /// The broker under test.
+    pub target: &'a mut Target,
+    /// The bare peer, for socket transports.
+    pub peer: Option<&'a mut Peer>,
+    /// The progress line.
+    pub progress: &'a Progress,
+    /// Makes queue and topic names unique.
+    pub next_tag: usize,
+    /// Where socket files go.
+    pub dir: &'a std::path::Path,
+}
+
+fn mb(bytes_per_sec: f64) -> f64 {
+    bytes_per_sec / 1e6
+}
+
+/// `5 KB`, `2 MiB`, `64 B`: the way sizes were given.
+pub fn size_label(n: usize) -> String {
+    let n64 = n as u64;
+    for (unit, div) in [("GB", 1_000_000_000u64), ("MB", 1_000_000), ("KB", 1000)] {
+        if n64 >= div && n64 % div == 0 {
+            return format!("{} {unit}", n64 / div);
+        }
+    }
+    for (unit, div) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        if n64 >= div && n64 % div == 0 {
+            return format!("{} {unit}", n64 / div);
+        }
+    }
+    format!("{n} B")
+}
+
+impl Bench<'_> {
+    fn what(&self, mode: &dyn Mode, label: &str) -> String {
+        format!("{} {} {label}", self.target.transport, mode.name())
+    }
+
+    /// Turns a failure into the clearest error: the broker's death if it died.
+    fn explain(&mut self, e: anyhow::Error, what: &str) -> anyhow::Error {
+        if let Err(dead) = self.target.check() {
+            return dead.context(format!("during {what}"));
+        }
+        if let Some(Err(dead)) = self.peer.as_deref_mut().map(Peer::check) {
+            return anyhow::Error::new(dead).context(format!("during {what}"));
+        }
+        e.context(format!("during {what}"))
+    }
+
+    async fn prepare(
+        &mut self,
+        mode: &dyn Mode,
+        payload: usize,
+        connections: usize,
+    ) -> anyhow::Result<Arc<dyn Workload>> {
+        self.next_tag += 1;
+        let tag = format!("{}{}", self.target.transport, self.next_tag);
+        // A mode without a broker listens itself, on a fresh address.
+        let url = if mode.needs_broker() {
+            self.target.url.clone()
+        } else {
+            self.target.transport.listen_url(self.dir, &tag)
+        };
+        let setup = Setup {
+            url,
+            connections,
+            payload: Bytes::from(vec![0x5au8; payload]),
+            subscribers: self.settings.subscribers,
+            options: self.target.options.clone(),
+            tag,
+        };
+        mode.prepare(&setup).await
+    }
+
+    /// Bare ping-pong for `exchanges`, one run; `None` without a peer.
+    async fn bare_ping_pong(
+        &mut self,
+        exchanges: &[Exchange],
+        d: Duration,
+        record: bool,
+    ) -> anyhow::Result<Option<(Count, Option<Latency>)>> {
+        let (Some(peer), Some(request)) =
+            (self.peer.as_deref_mut(), bare::ping_pong_request(exchanges))
+        else {
+            return Ok(None);
+        };
+        let mut s = peer.open(&request)?;
+        let exchanges = exchanges.to_vec();
+        let out = tokio::task::spawn_blocking(move || {
+            let mut hist = record.then(latency::histogram);
+            let count = bare::ping_pong(&mut s, &exchanges, d, hist.as_mut())?;
+            anyhow::Ok((count, hist.map(|h| Latency::of(&h))))
+        })
+        .await??;
+        Ok(Some(out))
+    }
+
+    /// Bare streaming, one run, in bytes per second; `None` without a peer.
+    pub async fn bare_stream(&mut self, d: Duration) -> anyhow::Result<Option<f64>> {
+        let Some(peer) = self.peer.as_deref_mut() else {
+            return Ok(None);
+        };
+        let s = peer.open(&Request::Sink)?;
+        let c = tokio::task::spawn_blocking(move || bare::stream(s, STREAM_CHUNK, d)).await??;
+        Ok(Some(c.rate()))
+    }
+
+    /// Measures bare streaming: warm-up, then `runs` runs.
+    pub async fn measure_stream(&mut self) -> anyhow::Result<Option<Stat>> {
+        let s = self.settings;
+        if self.peer.is_none() {
+            return Ok(None);
+        }
+        self.progress
+            .doing(format!("{} bare streaming", self.target.transport));
+        self.bare_stream(s.warmup).await?;
+        let mut runs = Vec::new();
+        for _ in 0..s.runs {
+            if let Some(r) = self.bare_stream(s.duration).await? {
+                runs.push(mb(r));
+            }
+        }
+        Ok(Stat::of(runs))
+    }
+
+    /// Throughput by payload size: one connection, one in flight.
+    pub async fn size(&mut self, mode: &dyn Mode, payload: usize) -> anyhow::Result<Figure> {
+        let label = size_label(payload);
+        let what = self.what(mode, &label);
+        self.size_inner(mode, payload, &label)
+            .await
+            .map_err(|e| self.explain(e, &what))
+    }
+
+    async fn size_inner(
+        &mut self,
+        mode: &dyn Mode,
+        payload: usize,
+        label: &str,
+    ) -> anyhow::Result<Figure> {
+        let s = self.settings;
+        let exchanges = mode.exchanges(payload);
+        let work = self.prepare(mode, payload, 1).await?;
+        runner::closed_loop(&work, 1, 1, s.warmup, false).await?;
+        self.bare_ping_pong(&exchanges, s.warmup, false).await?;
+        let (mut ops, mut deliveries, mut drops) = (Vec::new(), Vec::new(), 0);
+        let (mut pp, mut stream, mut copy) = (Vec::new(), Vec::new(), Vec::new());
+        let mut rss = Rss::default();
+        let broker = self.target.broker_proc();
+        for run in 0..s.runs {
+            self.progress.doing(format!(
+                "{} run {}/{}",
+                self.what(mode, label),
+                run + 1,
+                s.runs
+            ));
+            if let Some((c, _)) = self.bare_ping_pong(&exchanges, s.duration, false).await? {
+                pp.push(c.rate());
+            }
+            if let Some(r) = self.bare_stream(s.duration).await? {
+                stream.push(mb(r));
+            }
+            let d = s.duration;
+            let c = tokio::task::spawn_blocking(move || bare::memcpy(payload, d)).await?;
+            copy.push(mb(c.rate()));
+            // The peaks from here on belong to this run.
+            let reset = Proc::This.reset_peak() && broker.is_none_or(|b| b.reset_peak());
+            let out = runner::closed_loop(&work, 1, 1, s.duration, false).await?;
+            ops.push(out.count.rate());
+            deliveries.push(out.tally.deliveries as f64 / out.count.secs);
+            drops += out.tally.drops;
+            rss = Rss {
+                bench_kib: Proc::This.peak_kib(),
+                broker_kib: broker.and_then(Proc::peak_kib),
+            };
+            if !reset {
+                rss.bench_kib = None;
+                rss.broker_kib = None;
+            }
+        }
+        work.close().await;
+        let msgs = Stat::of(ops);
+        let mbs = msgs
+            .as_ref()
+            .and_then(|m| Stat::of(m.runs.iter().map(|r| mb(r * payload as f64)).collect()));
+        let median = |s: &Option<Stat>| s.as_ref().map(|s| s.median);
+        let mut baselines = Vec::new();
+        if let Some(pp) = Stat::of(pp) {
+            baselines.push(Baseline::measured(
+                "bare socket ping-pong, same bytes",
+                "msg/s",
+                Some(pp),
+                median(&msgs),
+            ));
+        }
+        if let Some(stream) = Stat::of(stream) {
+            baselines.push(Baseline::measured(
+                "bare socket streaming",
+                "MB/s",
+                Some(stream),
+                median(&mbs),
+            ));
+        }
+        baselines.push(Baseline::measured(
+            "memcpy, same size",
+            "MB/s",
+            Stat::of(copy),
+            median(&mbs),
+        ));
+        if self.target.transport.bare() == BareKind::SharedMemory {
+            baselines.push(Baseline::missing(SHM_PING_PONG, "msg/s", SHM_MISSING));
+        }
+        let publish = mode.name() == "publish";
+        Ok(Figure {
+            group: Some(Group::Size),
+            label: label.to_owned(),
+            payload,
+            connections: 1,
+            in_flight: 1,
+            msgs_per_sec: msgs,
+            mb_per_sec: mbs,
+            deliveries_per_sec: publish.then(|| Stat::of(deliveries)).flatten(),
+            drops: publish.then_some(drops),
+            baselines,
+            rss: Some(rss).filter(|r| r.bench_kib.is_some()),
+            ..Figure::default()
+        })
+    }
+
+    /// Throughput with `connections` connections of `in_flight` each.
+    pub async fn sweep(
+        &mut self,
+        mode: &dyn Mode,
+        group: Group,
+        connections: usize,
+        in_flight: usize,
+    ) -> anyhow::Result<Figure> {
+        let label = match group {
+            Group::InFlight => format!("{in_flight} in flight"),
+            _ => format!(
+                "{connections} connection{}",
+                if connections == 1 { "" } else { "s" }
+            ),
+        };
+        let what = self.what(mode, &label);
+        let s = self.settings;
+        let payload = s.sweep_payload;
+        let run = async {
+            let work = self.prepare(mode, payload, connections).await?;
+            runner::closed_loop(&work, connections, in_flight, s.warmup, false).await?;
+            let (mut ops, mut deliveries, mut drops) = (Vec::new(), Vec::new(), 0);
+            for run in 0..s.runs {
+                self.progress
+                    .doing(format!("{what} run {}/{}", run + 1, s.runs));
+                let out =
+                    runner::closed_loop(&work, connections, in_flight, s.duration, false).await?;
+                ops.push(out.count.rate());
+                deliveries.push(out.tally.deliveries as f64 / out.count.secs);
+                drops += out.tally.drops;
+            }
+            work.close().await;
+            anyhow::Ok((ops, deliveries, drops))
+        };
+        let (ops, deliveries, drops) = run.await.map_err(|e| self.explain(e, &what))?;
+        let msgs = Stat::of(ops);
+        let publish = mode.name() == "publish";
+        Ok(Figure {
+            group: Some(group),
+            label,
+            payload,
+            connections,
+            in_flight,
+            mb_per_sec: msgs
+                .as_ref()
+                .and_then(|m| Stat::of(m.runs.iter().map(|r| mb(r * payload as f64)).collect())),
+            msgs_per_sec: msgs,
+            deliveries_per_sec: publish.then(|| Stat::of(deliveries)).flatten(),
+            drops: publish.then_some(drops),
+            ..Figure::default()
+        })
+    }
+
+    /// Round-trip latency, one in flight, beside the bare ping-pong's.
+    pub async fn round_trip(&mut self, mode: &dyn Mode) -> anyhow::Result<Figure> {
+        let s = self.settings;
+        let payload = s.latency_payload;
+        let label = format!("{}, 1 in flight", size_label(payload));
+        let what = self.what(mode, "round trip");
+        let exchanges = mode.exchanges(payload);
+        let run = async {
+            let work = self.prepare(mode, payload, 1).await?;
+            runner::closed_loop(&work, 1, 1, s.warmup, false).await?;
+            self.bare_ping_pong(&exchanges, s.warmup, false).await?;
+            let (mut ops, mut lat, mut bare) = (Vec::new(), Vec::new(), Vec::new());
+            let mut curve = Vec::new();
+            for run in 0..s.runs {
+                self.progress
+                    .doing(format!("{what} run {}/{}", run + 1, s.runs));
+                if let Some((_, Some(l))) =
+                    self.bare_ping_pong(&exchanges, s.duration, true).await?
+                {
+                    bare.push(l);
+                }
+                let out = runner::closed_loop(&work, 1, 1, s.duration, true).await?;
+                ops.push(out.count.rate());
+                if let Some(h) = out.hist {
+                    lat.push(Latency::of(&h));
+                    curve = latency::curve(&h);
+                }
+            }
+            work.close().await;
+            anyhow::Ok((ops, lat, bare, curve))
+        };
+        let (ops, lat, bare, curve) = run.await.map_err(|e| self.explain(e, &what))?;
+        let median = Latency::median(&lat);
+        let mut baselines = Vec::new();
+        if !bare.is_empty() {
+            let p50: Vec<f64> = bare.iter().map(|l| l.p50_us).collect();
+            baselines.push(Baseline::measured(
+                "bare socket ping-pong p50, same bytes",
+                "us",
+                Stat::of(p50),
+                Some(median.p50_us),
+            ));
+        }
+        if self.target.transport.bare() == BareKind::SharedMemory {
+            baselines.push(Baseline::missing(SHM_PING_PONG, "us", SHM_MISSING));
+        }
+        Ok(Figure {
+            group: Some(Group::RoundTrip),
+            label,
+            payload,
+            connections: 1,
+            in_flight: 1,
+            msgs_per_sec: Stat::of(ops),
+            latency: Some(LatencyFigure {
+                median,
+                runs: lat,
+                curve,
+                offered_rate: None,
+                achieved_rate: None,
+                sender_lag_us: None,
+            }),
+            baselines,
+            ..Figure::default()
+        })
+    }
+
+    /// Latency at a fixed offered rate: one run of `latency_duration`.
+    pub async fn rate(&mut self, mode: &dyn Mode) -> anyhow::Result<Figure> {
+        let s = self.settings;
+        let payload = s.latency_payload;
+        let label = format!("{}, {} msg/s offered", size_label(payload), s.rate);
+        let what = self.what(mode, "fixed rate");
+        let run = async {
+            let work = self.prepare(mode, payload, 1).await?;
+            if !s.warmup.is_zero() {
+                runner::fixed_rate(&work, 1, s.rate, s.warmup).await?;
+            }
+            self.progress.doing(format!(
+                "{what}: {} msg/s for {:?}",
+                s.rate, s.latency_duration
+            ));
+            let out = runner::fixed_rate(&work, 1, s.rate, s.latency_duration).await?;
+            work.close().await;
+            anyhow::Ok(out)
+        };
+        let out = run.await.map_err(|e| self.explain(e, &what))?;
+        let l = Latency::of(&out.hist);
+        let publish = mode.name() == "publish";
+        Ok(Figure {
+            group: Some(Group::Rate),
+            label,
+            payload,
+            connections: 1,
+            in_flight: 0,
+            msgs_per_sec: Stat::of(vec![out.count.rate()]),
+            deliveries_per_sec: publish
+                .then(|| Stat::of(vec![out.tally.deliveries as f64 / out.count.secs]))
+                .flatten(),
+            drops: publish.then_some(out.tally.drops),
+            latency: Some(LatencyFigure {
+                median: l,
+                runs: vec![l],
+                curve: latency::curve(&out.hist),
+                offered_rate: Some(s.rate),
+                achieved_rate: Some(out.count.rate()),
+                sender_lag_us: Some(out.lag.as_secs_f64() * 1e6),
+            }),
+            ..Figure::default()
+        })
+    }
+}
+
+/// Adds to each figure of a sweep its ratio to the sweep's first figure
+/// (1 connection, 1 in flight), measured in the same run.
+pub fn relate_to_first(figures: &mut [Figure], name: &str) {
+    let Some(first) = figures.first().and_then(|f| f.msgs_per_sec.clone()) else {
+        return;
+    };
+    for f in figures.iter_mut().skip(1) {
+        let median = f.msgs_per_sec.as_ref().map(|m| m.median);
+        f.baselines.push(Baseline::measured(
+            name,
+            "msg/s",
+            Some(first.clone()),
+            median,
+        ));
+    }
+}
+
+/// A figure for the transport's limits section.
+pub fn limit_figure(label: &str, mb_per_sec: Option<Stat>, note: Option<&str>) -> Figure {
+    Figure {
+        label: label.to_owned(),
+        mb_per_sec,
+        note: note.map(str::to_owned),
+        ..Figure::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_labels() {
+        assert_eq!(size_label(64), "64 B");
+        assert_eq!(size_label(5_000), "5 KB");
+        assert_eq!(size_label(200_000_000), "200 MB");
+        assert_eq!(size_label(2 << 20), "2 MiB");
+        assert_eq!(size_label(1536), "1536 B");
+        assert_eq!(size_label(0), "0 B");
+    }
+
+    #[test]
+    fn sweeps_relate_to_their_first_figure() {
+        let fig = |rate: f64| Figure {
+            msgs_per_sec: Stat::of(vec![rate]),
+            ..Figure::default()
+        };
+        let mut figs = vec![fig(100.0), fig(400.0)];
+        relate_to_first(&mut figs, "1 in flight");
+        assert!(figs[0].baselines.is_empty());
+        assert_eq!(figs[1].baselines[0].ratio, Some(4.0));
+    }
+}

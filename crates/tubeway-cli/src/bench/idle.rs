@@ -1,0 +1,69 @@
+//! The broker's memory idle and per idle connection, measured on a broker
+//! process of its own so earlier figures do not weigh on it.
+
+use std::path::Path;
+
+use anyhow::Context as _;
+use tubeway::AsyncClient;
+
+use super::memory::Proc;
+use super::report::IdleMemory;
+use super::target::Target;
+use super::transport::Transport;
+
+/// Connections opened at once while loading the broker.
+const BATCH: usize = 50;
+
+/// Starts a fresh broker, reads its resident memory with no connection,
+/// one, and `connections` more idle ones. `None` when the broker is not a
+/// child process of ours (in-process, or `--url`).
+pub async fn measure(
+    transport: Transport,
+    connections: usize,
+    dir: &Path,
+) -> anyhow::Result<Option<IdleMemory>> {
+    let mut target = Target::start(transport, None, 0, dir, "idle").await?;
+    let Some(proc) = target.broker_proc() else {
+        target.stop().await;
+        return Ok(None);
+    };
+    let result = load(&target, proc, connections).await;
+    if result.is_err() {
+        target.check()?;
+    }
+    target.stop().await;
+    result.map(Some)
+}
+
+async fn load(target: &Target, proc: Proc, connections: usize) -> anyhow::Result<IdleMemory> {
+    let rss = || proc.rss_kib().context("cannot read the broker's VmRSS");
+    let idle_kib = rss()?;
+    let connect = || AsyncClient::connect_with(&target.url, target.options.clone());
+    let first = connect().await?;
+    first.ping().await?;
+    let one_connection_kib = rss()?;
+    let mut idle = Vec::with_capacity(connections);
+    while idle.len() < connections {
+        let n = BATCH.min(connections - idle.len());
+        idle.extend(futures::future::try_join_all((0..n).map(|_| connect())).await?);
+    }
+    // Every handshake is done and the broker sees them all.
+    let stats = first.stats().await?;
+    anyhow::ensure!(
+        stats.connections == connections as u64 + 1,
+        "the broker counts {} connections, {} expected",
+        stats.connections,
+        connections + 1
+    );
+    let loaded_kib = rss()?;
+    futures::future::join_all(idle.iter().map(AsyncClient::close)).await;
+    first.close().await;
+    Ok(IdleMemory {
+        idle_kib,
+        one_connection_kib,
+        loaded_kib,
+        connections,
+        per_connection_kib: loaded_kib.saturating_sub(one_connection_kib) as f64
+            / connections.max(1) as f64,
+    })
+}

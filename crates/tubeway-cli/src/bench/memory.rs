@@ -1,0 +1,72 @@
+//! Resident memory of a process, from `/proc/PID/status`.
+//!
+//! Peak resident memory (VmHWM) is reset before a measured run by writing 5
+//! to `/proc/PID/clear_refs`, so the peak read after it belongs to that run.
+//! Where that is not allowed the peak is since the process started, and the
+//! report says so.
+
+/// Whose memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proc {
+    /// This process.
+    This,
+    /// Another process (a child).
+    Pid(u32),
+}
+
+impl Proc {
+    fn path(self, file: &str) -> String {
+        match self {
+            Proc::This => format!("/proc/self/{file}"),
+            Proc::Pid(pid) => format!("/proc/{pid}/{file}"),
+        }
+    }
+
+    /// Current resident memory, KiB.
+    pub fn rss_kib(self) -> Option<u64> {
+        self.status_kib("VmRSS")
+    }
+
+    /// Peak resident memory since start or since [`Proc::reset_peak`], KiB.
+    pub fn peak_kib(self) -> Option<u64> {
+        self.status_kib("VmHWM")
+    }
+
+    /// Resets the peak to the current resident memory; false if refused.
+    pub fn reset_peak(self) -> bool {
+        std::fs::write(self.path("clear_refs"), "5").is_ok()
+    }
+
+    fn status_kib(self, field: &str) -> Option<u64> {
+        parse_status_kib(&std::fs::read_to_string(self.path("status")).ok()?, field)
+    }
+}
+
+/// The value in kB of `field` in the text of a `/proc/PID/status` file.
+fn parse_status_kib(status: &str, field: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_fields() {
+        let status = "Name:\ttubeway\nVmHWM:\t   20480 kB\nVmRSS:\t   10240 kB\n";
+        assert_eq!(parse_status_kib(status, "VmHWM"), Some(20480));
+        assert_eq!(parse_status_kib(status, "VmRSS"), Some(10240));
+        assert_eq!(parse_status_kib(status, "VmSwap"), None);
+        assert_eq!(parse_status_kib("VmRSS: lots", "VmRSS"), None);
+    }
+
+    #[test]
+    fn this_process_has_memory() {
+        let rss = Proc::This.rss_kib().expect("VmRSS");
+        let peak = Proc::This.peak_kib().expect("VmHWM");
+        assert!(rss > 0 && peak >= rss, "{rss} {peak}");
+    }
+}

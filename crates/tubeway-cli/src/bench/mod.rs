@@ -1,0 +1,161 @@
+//! `tubeway bench`: throughput, latency and memory, each beside the bare
+//! limit of the machine measured in the same run.
+//!
+//! One file per concern: [`args`] (options), [`transport`] (the transports,
+//! in one list), [`modes`] (what an operation is, one file per mode),
+//! [`target`] (the broker under test), [`runner`] and [`rate`] (closed and
+//! open loops), [`latency`] (histograms), [`bare`], [`socket`] and [`peer`]
+//! (the bare limits, with a child process at the far end), [`memory`] and
+//! [`idle`] (resident memory), [`figures`] and [`suite`] (what is measured
+//! in which order), [`report`], [`table`], [`plot`] (output), [`machine`],
+//! [`progress`] and [`child`] (child processes).
+
+mod args;
+mod bare;
+mod child;
+mod figures;
+mod idle;
+mod latency;
+mod machine;
+mod memory;
+mod modes;
+pub mod peer;
+mod plot;
+mod progress;
+mod rate;
+mod report;
+mod runner;
+mod socket;
+mod suite;
+mod table;
+mod target;
+mod transport;
+
+pub use args::{BenchArgs, PeerArgs, EXAMPLES, LONG_ABOUT};
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use crate::cli::UsageError;
+use crate::output::Printer;
+use args::Settings;
+use machine::{load_average, Machine};
+use progress::Progress;
+use report::{Method, Report};
+
+/// Set in the environment of a bench re-executed on one CPU.
+const PINNED: &str = "TUBEWAY_BENCH_PINNED";
+
+/// Runs the benchmark and prints the report.
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let settings = Settings::resolve(&args)?;
+    if args.one_cpu && std::env::var_os(PINNED).is_none() {
+        return pin_to_one_cpu().await;
+    }
+    if let Some(plot) = &args.plot {
+        let parent = plot.parent().filter(|p| !p.as_os_str().is_empty());
+        if parent.is_some_and(|p| !p.is_dir()) {
+            return Err(
+                UsageError(format!("bad --plot {}: no such directory", plot.display())).into(),
+            );
+        }
+    }
+    let mut machine = Machine::now();
+    let progress = Progress::new(suite::planned(&settings), args.json);
+    let sections = suite::run(&settings, &progress).await;
+    progress.finish();
+    let sections = sections?;
+    machine.load_after = load_average();
+    let report = Report {
+        command: command_line(),
+        version: env!("CARGO_PKG_VERSION"),
+        build: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        machine,
+        method: method(&settings),
+        sections,
+    };
+    let out = Printer::new(args.json);
+    if args.json {
+        out.line(serde_json::to_string_pretty(&report)?)?;
+    } else {
+        out.line(table::render(&report))?;
+    }
+    if let Some(path) = &args.plot {
+        plot::draw(&report, path).context("--plot")?;
+        if !args.json {
+            out.line(format_args!("plot: {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs this same command again under `taskset -c 0` (its children inherit
+/// the CPU mask) and exits with its status.
+async fn pin_to_one_cpu() -> anyhow::Result<()> {
+    let exe = std::env::current_exe()?;
+    let status = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("taskset")
+            .args(["-c", "0"])
+            .arg(exe)
+            .args(std::env::args_os().skip(1))
+            .env(PINNED, "1")
+            .status()
+    })
+    .await?
+    .map_err(|e| UsageError(format!("--one-cpu needs taskset (util-linux): {e}")))?;
+    match status.code() {
+        Some(0) => Ok(()),
+        code => std::process::exit(code.unwrap_or(1)),
+    }
+}
+
+/// The command line as typed, program name as `tubeway`.
+fn command_line() -> String {
+    let mut words = vec!["tubeway".to_owned()];
+    for a in std::env::args().skip(1) {
+        if a.is_empty() || a.contains(|c: char| c.is_whitespace() || c == '\'' || c == '"') {
+            words.push(format!("'{}'", a.replace('\'', r"'\''")));
+        } else {
+            words.push(a);
+        }
+    }
+    words.join(" ")
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn method(s: &Settings) -> Method {
+    let show = |d: Duration| humantime::format_duration(d).to_string();
+    Method {
+        warmup_ms: ms(s.warmup),
+        duration_ms: ms(s.duration),
+        runs: s.runs,
+        latency_duration_ms: ms(s.latency_duration),
+        rate: s.rate,
+        quick: s.quick,
+        one_cpu: std::env::var_os(PINNED).is_some(),
+        summary: format!(
+            "each figure warmed up for {}, then measured in {} run{} of {}, its bare limits \
+             measured in the same runs, interleaved; figures are medians (min-max across runs); \
+             ratio = figure / bare limit, medians; the fixed-rate latency is one run of {} \
+             after a warm-up at that rate{}",
+            show(s.warmup),
+            s.runs,
+            if s.runs == 1 { "" } else { "s" },
+            show(s.duration),
+            show(s.latency_duration),
+            if std::env::var_os(PINNED).is_some() {
+                "; everything pinned to CPU 0 (--one-cpu)"
+            } else {
+                "; threads placed by the scheduler on every CPU"
+            },
+        ),
+    }
+}

@@ -1,0 +1,252 @@
+//! The modes: what one benchmarked operation is.
+//!
+//! A mode is a [`Mode`] (its name, the bytes one operation moves, how to set
+//! it up) that prepares a [`Workload`] (the connections and whatever else one
+//! figure needs). The runner only ever calls [`Workload::op`], so a new mode
+//! is one file here and one line in [`MODES`]; a mode without a broker (a raw
+//! point-to-point channel) says so with [`Mode::needs_broker`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use tubeway::{AsyncClient, ClientOptions, Message};
+
+use super::transport::names;
+use crate::cli::UsageError;
+
+mod call;
+mod echo;
+mod oneway;
+mod publish;
+mod queue;
+
+/// Every mode, in the order the report shows them.
+pub static MODES: &[&dyn Mode] = &[
+    &call::Call,
+    &echo::Echo,
+    &oneway::Oneway,
+    &queue::Queue,
+    &publish::Publish,
+];
+
+/// One kind of operation to benchmark.
+pub trait Mode: Send + Sync + fmt::Debug {
+    /// The name on the command line and in the report.
+    fn name(&self) -> &'static str;
+
+    /// One line: what one operation is.
+    fn about(&self) -> &'static str;
+
+    /// The frames one operation moves, in order, for the bare ping-pong that
+    /// moves the same bytes. An exchange with nothing coming back is matched
+    /// by bare streaming instead.
+    fn exchanges(&self, payload: usize) -> Vec<Exchange>;
+
+    /// Whether the mode goes through a broker.
+    fn needs_broker(&self) -> bool {
+        true
+    }
+
+    /// Connects and sets up what one figure needs.
+    fn prepare<'a>(&'a self, setup: &'a Setup) -> BoxFuture<'a, anyhow::Result<Arc<dyn Workload>>>;
+}
+
+/// A prepared figure: connections, queues, topics, subscribers.
+pub trait Workload: Send + Sync {
+    /// One operation on connection `lane` (taken modulo the connections);
+    /// returns once it is complete.
+    fn op(&self, lane: usize) -> BoxFuture<'_, anyhow::Result<()>>;
+
+    /// Waits (bounded) until everything sent so far is accounted for, and
+    /// returns the deliveries and drops since the last call.
+    fn settle(&self) -> BoxFuture<'_, anyhow::Result<Tally>> {
+        Box::pin(async { Ok(Tally::default()) })
+    }
+
+    /// Closes the connections and removes what `prepare` created.
+    fn close(&self) -> BoxFuture<'_, ()>;
+}
+
+/// What a workload is built from.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// The broker's address; for a mode without a broker, a fresh address
+    /// of the transport under test for the mode to listen on.
+    pub url: String,
+    /// Connections that send.
+    pub connections: usize,
+    /// The payload of every message.
+    pub payload: Bytes,
+    /// Subscribers, for publish.
+    pub subscribers: usize,
+    /// Client settings.
+    pub options: ClientOptions,
+    /// Unique within the run: names queues and topics.
+    pub tag: String,
+}
+
+impl Setup {
+    /// The message every operation sends: the payload as binary.
+    pub fn message(&self) -> Message {
+        Message::binary(self.payload.clone(), None)
+    }
+
+    /// `n` connections to the broker, opened concurrently.
+    pub async fn connect(&self, n: usize) -> anyhow::Result<Vec<AsyncClient>> {
+        let all = (0..n).map(|_| AsyncClient::connect_with(&self.url, self.options.clone()));
+        Ok(futures::future::try_join_all(all).await?)
+    }
+}
+
+/// The sending connections of a workload, and what it sends.
+pub struct Senders {
+    /// One client per connection.
+    pub clients: Vec<AsyncClient>,
+    /// What the workload was built from.
+    pub setup: Setup,
+}
+
+impl Senders {
+    /// Opens `setup.connections` connections.
+    pub async fn open(setup: &Setup) -> anyhow::Result<Senders> {
+        Ok(Senders {
+            clients: setup.connect(setup.connections).await?,
+            setup: setup.clone(),
+        })
+    }
+
+    /// The client of `lane`.
+    pub fn client(&self, lane: usize) -> anyhow::Result<&AsyncClient> {
+        lane_client(&self.clients, lane)
+    }
+
+    /// The message to send.
+    pub fn message(&self) -> Message {
+        self.setup.message()
+    }
+}
+
+/// Deliveries and drops counted by a workload (publish).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Tally {
+    /// Messages that reached a subscriber.
+    pub deliveries: u64,
+    /// Deliveries the broker dropped because a subscriber's buffer was full.
+    pub drops: u64,
+}
+
+/// One request frame up and its answer down, in bytes on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Exchange {
+    /// Bytes sent.
+    pub up: usize,
+    /// Bytes received; 0 for none.
+    pub down: usize,
+}
+
+/// How long the broker may hold an offer or a poll before answering.
+pub const BROKER_WAIT: Duration = Duration::from_secs(30);
+
+/// The length of a frame with header fields of these value lengths and this
+/// payload: a 12-byte prefix, a 28-byte fixed header, 3 bytes of tag and
+/// length per field (docs/protocol.md, section 2).
+pub fn frame_len(fields: &[usize], payload: usize) -> usize {
+    12 + 28 + fields.iter().map(|f| 3 + f).sum::<usize>() + payload
+}
+
+/// Header field lengths: a u64 `timeout`, a UUID `correlation_id`, and the
+/// mimetype of a binary payload.
+pub const TIMEOUT: usize = 8;
+/// See [`TIMEOUT`].
+pub const CORRELATION: usize = 16;
+/// See [`TIMEOUT`].
+pub const BINARY_MIME: usize = tubeway::MIME_BINARY.len();
+
+/// An empty `ok` answer: only the correlation field.
+pub fn empty_ok() -> usize {
+    frame_len(&[CORRELATION], 0)
+}
+
+/// Parses `--mode`: names from [`MODES`], or `all`.
+pub fn parse_list(list: &[String]) -> Result<Vec<&'static dyn Mode>, UsageError> {
+    let mut out: Vec<&'static dyn Mode> = Vec::new();
+    for name in list {
+        let name = name.trim().to_ascii_lowercase();
+        let found: Vec<&'static dyn Mode> = if name == "all" {
+            MODES.to_vec()
+        } else {
+            let m = MODES.iter().find(|m| m.name() == name).ok_or_else(|| {
+                let known: Vec<&str> = MODES.iter().map(|m| m.name()).collect();
+                UsageError(format!(
+                    "unknown mode {name:?}; expected {} (or all)",
+                    names(&known)
+                ))
+            })?;
+            vec![*m]
+        };
+        for m in found {
+            if !out.iter().any(|o| o.name() == m.name()) {
+                out.push(m);
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(UsageError("--mode needs at least one mode".into()));
+    }
+    Ok(out)
+}
+
+/// The client of `lane`, lanes spread over the connections.
+pub fn lane_client(clients: &[AsyncClient], lane: usize) -> anyhow::Result<&AsyncClient> {
+    clients
+        .get(lane % clients.len().max(1))
+        .ok_or_else(|| anyhow::anyhow!("no connection for lane {lane}"))
+}
+
+/// Closes every client, bounded by the client's own close timeout.
+pub async fn close_all(clients: &[AsyncClient]) {
+    futures::future::join_all(clients.iter().map(AsyncClient::close)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mode_lists() {
+        let names = |l: &[&str]| -> Result<Vec<&str>, String> {
+            let owned: Vec<String> = l.iter().map(|s| (*s).to_owned()).collect();
+            parse_list(&owned)
+                .map(|v| v.iter().map(|m| m.name()).collect())
+                .map_err(|e| e.0)
+        };
+        assert_eq!(names(&["call"]).unwrap(), ["call"]);
+        assert_eq!(names(&["echo", "CALL", "echo"]).unwrap(), ["echo", "call"]);
+        assert_eq!(
+            names(&["all"]).unwrap(),
+            ["call", "echo", "oneway", "queue", "publish"]
+        );
+        let err = names(&["channel"]).unwrap_err();
+        assert!(err.contains("unknown mode \"channel\""), "{err}");
+    }
+
+    #[test]
+    fn frame_lengths_follow_the_protocol() {
+        // The worked example of docs/protocol.md: 92 bytes for `hello` with
+        // a timeout, request_id "req-1", destination "echo", text/plain utf-8.
+        assert_eq!(frame_len(&[TIMEOUT, 5, 4, 10, 5], 5), 92);
+        assert_eq!(empty_ok(), 59);
+    }
+
+    #[test]
+    fn every_mode_moves_its_payload() {
+        for m in MODES {
+            let small: usize = m.exchanges(0).iter().map(|e| e.up + e.down).sum();
+            let big: usize = m.exchanges(1000).iter().map(|e| e.up + e.down).sum();
+            assert!(big >= small + 1000, "{}", m.name());
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! `oneway`: a oneway call to `ack`; nothing comes back.
+//!
+//! A oneway send completes when it is queued for writing, so on its own it
+//! would measure the client's buffer. [`Workload::settle`] pings every
+//! connection before the clock stops: the broker reads a connection in
+//! order, so the ping's answer means every call before it was read.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use tubeway::AsyncClient;
+
+use super::call::ACK;
+use super::{close_all, frame_len, Exchange, Mode, Senders, Setup, Tally, Workload, BINARY_MIME};
+
+/// See the module.
+#[derive(Debug)]
+pub struct Oneway;
+
+impl Mode for Oneway {
+    fn name(&self) -> &'static str {
+        "oneway"
+    }
+
+    fn about(&self) -> &'static str {
+        "oneway call to `ack`: the payload up, nothing back; done once the broker has read it"
+    }
+
+    fn exchanges(&self, payload: usize) -> Vec<Exchange> {
+        vec![Exchange {
+            up: frame_len(&[ACK.len(), BINARY_MIME], payload),
+            down: 0,
+        }]
+    }
+
+    fn prepare<'a>(&'a self, setup: &'a Setup) -> BoxFuture<'a, anyhow::Result<Arc<dyn Workload>>> {
+        Box::pin(
+            async move { Ok(Arc::new(Oneways(Senders::open(setup).await?)) as Arc<dyn Workload>) },
+        )
+    }
+}
+
+struct Oneways(Senders);
+
+impl Workload for Oneways {
+    fn op(&self, lane: usize) -> BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(async move {
+            self.0
+                .client(lane)?
+                .send_oneway(ACK, self.0.message())
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn settle(&self) -> BoxFuture<'_, anyhow::Result<Tally>> {
+        Box::pin(async move {
+            futures::future::try_join_all(self.0.clients.iter().map(AsyncClient::ping)).await?;
+            Ok(Tally::default())
+        })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(close_all(&self.0.clients))
+    }
+}

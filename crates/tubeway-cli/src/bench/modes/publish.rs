@@ -1,0 +1,145 @@
+//! `publish`: a publish to a topic with subscribers on their own connections.
+//!
+//! An operation is a publish acknowledged by the broker. Each subscriber
+//! counts what it receives; [`Workload::settle`] waits until every
+//! publish is accounted for as a delivery to each subscriber or as a drop
+//! counted by the broker (`topic_status`), so nothing is lost silently and
+//! the clock stops only once the deliveries are done.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use tokio::task::JoinHandle;
+use tubeway::AsyncClient;
+
+use super::{
+    close_all, empty_ok, frame_len, lane_client, Exchange, Mode, Setup, Tally, Workload,
+    BINARY_MIME,
+};
+
+/// How long deliveries may trail the last publish.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Deliveries the broker buffers per subscriber (the broker's default).
+const SUBSCRIBER_BUFFER: usize = 1024;
+
+/// See the module.
+#[derive(Debug)]
+pub struct Publish;
+
+impl Mode for Publish {
+    fn name(&self) -> &'static str {
+        "publish"
+    }
+
+    fn about(&self) -> &'static str {
+        "publish to a topic, acknowledged; each subscriber on its own connection counts deliveries"
+    }
+
+    fn exchanges(&self, payload: usize) -> Vec<Exchange> {
+        // Topic names are `bench-<tag>`; 14 bytes is typical.
+        vec![Exchange {
+            up: frame_len(&[14, BINARY_MIME], payload),
+            down: empty_ok(),
+        }]
+    }
+
+    fn prepare<'a>(&'a self, setup: &'a Setup) -> BoxFuture<'a, anyhow::Result<Arc<dyn Workload>>> {
+        Box::pin(async move {
+            let publishers = setup.connect(setup.connections).await?;
+            let subscribers = setup.connect(setup.subscribers).await?;
+            let topic = format!("bench-{}", setup.tag);
+            lane_client(&publishers, 0)?.create_topic(&topic).await?;
+            let delivered = Arc::new(AtomicU64::new(0));
+            let mut readers = Vec::with_capacity(subscribers.len());
+            for s in &subscribers {
+                let mut sub = s.subscribe_with_buffer(&topic, SUBSCRIBER_BUFFER).await?;
+                let delivered = delivered.clone();
+                readers.push(tokio::spawn(async move {
+                    while sub.recv().await.is_some() {
+                        delivered.fetch_add(1, Ordering::Relaxed);
+                    }
+                }));
+            }
+            Ok(Arc::new(Topic {
+                publishers,
+                subscribers,
+                readers,
+                topic,
+                setup: setup.clone(),
+                published: AtomicU64::new(0),
+                delivered,
+                reported: Mutex::new(Tally::default()),
+            }) as Arc<dyn Workload>)
+        })
+    }
+}
+
+struct Topic {
+    publishers: Vec<AsyncClient>,
+    subscribers: Vec<AsyncClient>,
+    readers: Vec<JoinHandle<()>>,
+    topic: String,
+    setup: Setup,
+    published: AtomicU64,
+    delivered: Arc<AtomicU64>,
+    /// The totals at the last `settle`.
+    reported: Mutex<Tally>,
+}
+
+impl Workload for Topic {
+    fn op(&self, lane: usize) -> BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(async move {
+            lane_client(&self.publishers, lane)?
+                .publish(&self.topic, self.setup.message())
+                .await?;
+            self.published.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        })
+    }
+
+    fn settle(&self) -> BoxFuture<'_, anyhow::Result<Tally>> {
+        Box::pin(async move {
+            let expected = self.published.load(Ordering::Relaxed) * self.subscribers.len() as u64;
+            let status_client = lane_client(&self.publishers, 0)?;
+            let deadline = Instant::now() + SETTLE_TIMEOUT;
+            let mut pause = Duration::from_micros(200);
+            loop {
+                let drops = status_client.topic_status(&self.topic).await?.dropped;
+                let deliveries = self.delivered.load(Ordering::Relaxed);
+                if deliveries + drops >= expected {
+                    let now = Tally { deliveries, drops };
+                    let mut last = self.reported.lock().unwrap_or_else(PoisonError::into_inner);
+                    let delta = Tally {
+                        deliveries: now.deliveries.saturating_sub(last.deliveries),
+                        drops: now.drops.saturating_sub(last.drops),
+                    };
+                    *last = now;
+                    return Ok(delta);
+                }
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "publish: {expected} deliveries expected, {deliveries} delivered and \
+                     {drops} dropped after {SETTLE_TIMEOUT:?}"
+                );
+                // Polled, not signalled: drops are only known to the broker.
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(20));
+            }
+        })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Ok(first) = lane_client(&self.publishers, 0) {
+                let _ = first.remove_topic(&self.topic).await;
+            }
+            close_all(&self.publishers).await;
+            close_all(&self.subscribers).await;
+            for r in &self.readers {
+                r.abort();
+            }
+        })
+    }
+}

@@ -1,0 +1,260 @@
+//! The report: every figure with its bare limits, as the table, the JSON and
+//! the plot see it.
+
+use serde::Serialize;
+
+use super::args::Group;
+use super::latency::{CurvePoint, Latency};
+use super::machine::Machine;
+use super::transport::Transport;
+
+/// The whole run.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// The command line, as given.
+    pub command: String,
+    /// `tubeway` version.
+    pub version: &'static str,
+    /// `release` or `debug`: a debug build's figures mean little.
+    pub build: &'static str,
+    /// The machine, with its load before and after the run.
+    pub machine: Machine,
+    /// How each figure was measured.
+    pub method: Method,
+    /// One per transport and mode, and one per transport for its limits.
+    pub sections: Vec<Section>,
+}
+
+/// How figures were measured.
+#[derive(Debug, Serialize)]
+pub struct Method {
+    /// Warm-up before each figure, not measured.
+    pub warmup_ms: u64,
+    /// Measuring time of each run.
+    pub duration_ms: u64,
+    /// Runs of each figure; figures are the median, with the min and max.
+    pub runs: usize,
+    /// Length of the fixed-rate latency run (one run).
+    pub latency_duration_ms: u64,
+    /// Offered rate of the latency figure, msg/s.
+    pub rate: u64,
+    /// Whether `--quick` chose the defaults.
+    pub quick: bool,
+    /// Whether everything ran on one CPU (`--one-cpu`).
+    pub one_cpu: bool,
+    /// In words.
+    pub summary: String,
+}
+
+/// The figures of one transport and mode (or of a transport's limits).
+#[derive(Debug, Serialize)]
+pub struct Section {
+    /// The transport.
+    pub transport: Transport,
+    /// The mode; `None` for the transport's limits.
+    pub mode: Option<&'static str>,
+    /// What one operation is, or what the limits section holds.
+    pub about: String,
+    /// Where the broker runs.
+    pub broker: String,
+    /// The figures, in the order measured.
+    pub figures: Vec<Figure>,
+}
+
+/// One figure.
+#[derive(Debug, Default, Serialize)]
+pub struct Figure {
+    /// Its group; `None` for a bare limit or memory figure.
+    pub group: Option<Group>,
+    /// A label for people: `5 KB`, `4 connections`, `16 in flight`.
+    pub label: String,
+    /// Payload of each message, bytes.
+    pub payload: usize,
+    /// Connections sending.
+    pub connections: usize,
+    /// Requests in flight per connection.
+    pub in_flight: usize,
+    /// Operations completed per second.
+    pub msgs_per_sec: Option<Stat>,
+    /// Payload megabytes (10^6 bytes) per second, one way.
+    pub mb_per_sec: Option<Stat>,
+    /// Deliveries to subscribers per second (publish).
+    pub deliveries_per_sec: Option<Stat>,
+    /// Deliveries dropped by the broker over all runs (publish).
+    pub drops: Option<u64>,
+    /// Latency, when the figure measures it.
+    pub latency: Option<LatencyFigure>,
+    /// The bare limits beside this figure.
+    pub baselines: Vec<Baseline>,
+    /// Peak resident memory during the last run.
+    pub rss: Option<Rss>,
+    /// The broker's memory idle and with idle connections.
+    pub memory: Option<IdleMemory>,
+    /// Anything a reader must know about this figure.
+    pub note: Option<String>,
+}
+
+/// A figure over several runs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Stat {
+    /// Median of the runs.
+    pub median: f64,
+    /// Smallest run.
+    pub min: f64,
+    /// Largest run.
+    pub max: f64,
+    /// Every run, in order.
+    pub runs: Vec<f64>,
+}
+
+impl Stat {
+    /// The statistics of `runs`; `None` when there are none.
+    pub fn of(runs: Vec<f64>) -> Option<Stat> {
+        let median = median(&runs)?;
+        let min = runs.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = runs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        Some(Stat {
+            median,
+            min,
+            max,
+            runs,
+        })
+    }
+}
+
+/// The median of `v`; the mean of the middle two for an even count.
+pub fn median(v: &[f64]) -> Option<f64> {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    let mid = |i: usize| s.get(i).copied();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => mid(n / 2),
+        _ => Some((mid(n / 2 - 1)? + mid(n / 2)?) / 2.0),
+    }
+}
+
+/// A latency figure.
+#[derive(Debug, Serialize)]
+pub struct LatencyFigure {
+    /// Field by field, the median of the runs.
+    pub median: Latency,
+    /// Each run.
+    pub runs: Vec<Latency>,
+    /// The percentile curve of the last run, for plots.
+    pub curve: Vec<CurvePoint>,
+    /// For a fixed-rate figure: the rate offered, msg/s.
+    pub offered_rate: Option<u64>,
+    /// For a fixed-rate figure: the rate completed, msg/s.
+    pub achieved_rate: Option<f64>,
+    /// For a fixed-rate figure: how late the sender fell behind its
+    /// schedule at worst, in microseconds (included in the latencies).
+    pub sender_lag_us: Option<f64>,
+}
+
+/// A bare limit beside a figure.
+#[derive(Debug, Serialize)]
+pub struct Baseline {
+    /// What was measured.
+    pub name: String,
+    /// `msg/s`, `MB/s` or `us`.
+    pub unit: &'static str,
+    /// The figure; `None` when it cannot be measured (yet).
+    pub value: Option<Stat>,
+    /// The figure divided by this limit, medians of the same run.
+    pub ratio: Option<f64>,
+    /// Why it is missing, or how it was measured.
+    pub note: Option<String>,
+}
+
+impl Baseline {
+    /// A measured limit; `figure` is the median it is compared with.
+    pub fn measured(
+        name: impl Into<String>,
+        unit: &'static str,
+        value: Option<Stat>,
+        figure: Option<f64>,
+    ) -> Baseline {
+        let ratio = match (&value, figure) {
+            (Some(v), Some(f)) if v.median > 0.0 => Some(f / v.median),
+            _ => None,
+        };
+        Baseline {
+            name: name.into(),
+            unit,
+            value,
+            ratio,
+            note: None,
+        }
+    }
+
+    /// A limit that has a place in the report but is not measured.
+    pub fn missing(
+        name: impl Into<String>,
+        unit: &'static str,
+        why: impl Into<String>,
+    ) -> Baseline {
+        Baseline {
+            name: name.into(),
+            unit,
+            value: None,
+            ratio: None,
+            note: Some(why.into()),
+        }
+    }
+}
+
+/// Peak resident memory (VmHWM) during a run, KiB.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Rss {
+    /// The bench process.
+    pub bench_kib: Option<u64>,
+    /// The broker process; `None` when it is this process or unknown.
+    pub broker_kib: Option<u64>,
+}
+
+/// The broker's resident memory idle and with idle connections, KiB.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct IdleMemory {
+    /// No connection.
+    pub idle_kib: u64,
+    /// One connection.
+    pub one_connection_kib: u64,
+    /// With `connections` more idle connections.
+    pub loaded_kib: u64,
+    /// The idle connections added.
+    pub connections: usize,
+    /// `(loaded - one) / connections`.
+    pub per_connection_kib: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0]), Some(3.0));
+        assert_eq!(median(&[5.0, 1.0, 3.0]), Some(3.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        let s = Stat::of(vec![2.0, 9.0, 4.0]).unwrap();
+        assert_eq!((s.median, s.min, s.max), (4.0, 2.0, 9.0));
+        assert!(Stat::of(Vec::new()).is_none());
+    }
+
+    #[test]
+    fn ratios_need_both_sides() {
+        let bare = Stat::of(vec![200.0]);
+        let b = Baseline::measured("bare", "msg/s", bare.clone(), Some(50.0));
+        assert_eq!(b.ratio, Some(0.25));
+        assert_eq!(Baseline::measured("bare", "msg/s", bare, None).ratio, None);
+        assert_eq!(
+            Baseline::measured("bare", "msg/s", Stat::of(vec![0.0]), Some(1.0)).ratio,
+            None
+        );
+        let m = Baseline::missing("shm", "us", "later");
+        assert!(m.value.is_none() && m.note.is_some());
+    }
+}

@@ -1,0 +1,329 @@
+//! Drives a workload: closed loops (throughput, round trips) and an open
+//! loop at a fixed rate (latency without coordinated omission).
+//!
+//! Every measurement is bounded in time: a broker that stops answering
+//! ends the run with an error instead of a hang.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use hdrhistogram::Histogram;
+use tokio::sync::Semaphore;
+
+use super::latency;
+use super::modes::{Tally, Workload};
+use super::rate::{wait_for, Schedule};
+
+/// How long a measurement may overrun its duration before it is abandoned.
+pub const GRACE: Duration = Duration::from_secs(120);
+/// Operations a fixed-rate run keeps outstanding at most; past that the
+/// sender falls behind its schedule, which the latencies then show.
+const MAX_OUTSTANDING: usize = 10_000;
+
+/// Operations (or bytes) done in a time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Count {
+    /// Operations completed (bytes, for streaming and memcpy).
+    pub ops: u64,
+    /// Seconds taken.
+    pub secs: f64,
+}
+
+impl Count {
+    /// Operations per second.
+    pub fn rate(&self) -> f64 {
+        if self.secs > 0.0 {
+            self.ops as f64 / self.secs
+        } else {
+            0.0
+        }
+    }
+}
+
+/// What a closed loop measured.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Operations done, until everything was accounted for.
+    pub count: Count,
+    /// Deliveries and drops (publish).
+    pub tally: Tally,
+    /// Each operation's time, if asked for.
+    pub hist: Option<Histogram<u64>>,
+}
+
+/// `lanes × in_flight` tasks each run operations back to back for `d`.
+/// With `record`, every operation's time goes into a histogram.
+pub async fn closed_loop(
+    work: &Arc<dyn Workload>,
+    lanes: usize,
+    in_flight: usize,
+    d: Duration,
+    record: bool,
+) -> anyhow::Result<Outcome> {
+    let run = async {
+        let start = Instant::now();
+        let deadline = start + d;
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..lanes * in_flight {
+            let work = work.clone();
+            let lane = i / in_flight.max(1);
+            tasks.spawn(async move {
+                let mut hist = record.then(latency::histogram);
+                let mut ops = 0u64;
+                loop {
+                    let t0 = Instant::now();
+                    if t0 >= deadline {
+                        return anyhow::Ok((ops, hist));
+                    }
+                    work.op(lane).await?;
+                    if let Some(h) = hist.as_mut() {
+                        latency::record(h, t0.elapsed());
+                    }
+                    ops += 1;
+                }
+            });
+        }
+        let mut ops = 0;
+        let mut merged = record.then(latency::histogram);
+        while let Some(done) = tasks.join_next().await {
+            // The first failure ends the run; the other tasks are aborted on drop.
+            let (n, h) = done.context("a bench task panicked")??;
+            ops += n;
+            if let (Some(m), Some(h)) = (merged.as_mut(), h) {
+                m.add(h).context("merging latency histograms")?;
+            }
+        }
+        let tally = work.settle().await?;
+        anyhow::Ok(Outcome {
+            count: Count {
+                ops,
+                secs: start.elapsed().as_secs_f64(),
+            },
+            tally,
+            hist: merged,
+        })
+    };
+    tokio::time::timeout(d + GRACE, run)
+        .await
+        .map_err(|_| anyhow::anyhow!("no progress {GRACE:?} past the end of a {d:?} run"))?
+}
+
+/// What a fixed-rate run measured.
+#[derive(Debug)]
+pub struct RateOutcome {
+    /// Operations completed, and the time until the last one completed.
+    pub count: Count,
+    /// Deliveries and drops (publish).
+    pub tally: Tally,
+    /// Latency of each operation from its intended send time.
+    pub hist: Histogram<u64>,
+    /// How far the sender fell behind its schedule at worst.
+    pub lag: Duration,
+}
+
+/// Sends at `rate` for `d`, spread over `lanes`, whatever the responses
+/// do; each latency runs from the operation's intended send time.
+pub async fn fixed_rate(
+    work: &Arc<dyn Workload>,
+    lanes: usize,
+    rate: u64,
+    d: Duration,
+) -> anyhow::Result<RateOutcome> {
+    let hist = Arc::new(Mutex::new(latency::histogram()));
+    let failure: Arc<Mutex<Option<anyhow::Error>>> = Arc::new(Mutex::new(None));
+    let permits = Arc::new(Semaphore::new(MAX_OUTSTANDING));
+    let start = Instant::now();
+    let schedule = Schedule::new(start, rate, d);
+    let runtime = tokio::runtime::Handle::current();
+    // The pacer is a thread, not a task: a task's timer is only as fine as
+    // a millisecond, which would be counted as latency.
+    let pacer = {
+        let (work, hist, failure, permits) =
+            (work.clone(), hist.clone(), failure.clone(), permits.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut lag = Duration::ZERO;
+            let mut i = 0u64;
+            while i < schedule.total() {
+                if failure
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .is_some()
+                {
+                    break;
+                }
+                let now = Instant::now();
+                let due = schedule.due_by(now);
+                if i >= due {
+                    wait_for(schedule.intended(i).saturating_duration_since(now));
+                    continue;
+                }
+                while i < due {
+                    let Ok(permit) = permits.clone().try_acquire_owned() else {
+                        // Saturated: the latencies of what is late will show it.
+                        std::thread::sleep(Duration::from_micros(50));
+                        break;
+                    };
+                    let intended = schedule.intended(i);
+                    lag = lag.max(Instant::now().saturating_duration_since(intended));
+                    let lane = usize::try_from(i).unwrap_or(0) % lanes.max(1);
+                    let (work, hist, failure) = (work.clone(), hist.clone(), failure.clone());
+                    runtime.spawn(async move {
+                        let result = work.op(lane).await;
+                        let took = intended.elapsed();
+                        match result {
+                            Ok(()) => latency::record(
+                                &mut hist.lock().unwrap_or_else(PoisonError::into_inner),
+                                took,
+                            ),
+                            Err(e) => {
+                                failure
+                                    .lock()
+                                    .unwrap_or_else(PoisonError::into_inner)
+                                    .get_or_insert(e);
+                            }
+                        }
+                        drop(permit);
+                    });
+                    i += 1;
+                }
+            }
+            lag
+        })
+    };
+    let run = async {
+        let lag = pacer.await.context("the pacer thread panicked")?;
+        // Every permit back: every operation sent has completed.
+        let all = u32::try_from(MAX_OUTSTANDING).unwrap_or(u32::MAX);
+        let _all = permits.acquire_many(all).await?;
+        let secs = start.elapsed().as_secs_f64();
+        if let Some(e) = failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            return Err(e);
+        }
+        let tally = work.settle().await?;
+        let hist = std::mem::replace(
+            &mut *hist.lock().unwrap_or_else(PoisonError::into_inner),
+            latency::histogram(),
+        );
+        anyhow::Ok(RateOutcome {
+            count: Count {
+                ops: hist.len(),
+                secs,
+            },
+            tally,
+            hist,
+            lag,
+        })
+    };
+    tokio::time::timeout(d + GRACE, run)
+        .await
+        .map_err(|_| anyhow::anyhow!("no progress {GRACE:?} past the end of a {d:?} run"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::future::BoxFuture;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// An operation that takes a fixed time.
+    struct Sleepy {
+        took: Duration,
+        done: AtomicU64,
+        fail_after: u64,
+    }
+
+    impl Workload for Sleepy {
+        fn op(&self, _lane: usize) -> BoxFuture<'_, anyhow::Result<()>> {
+            Box::pin(async move {
+                tokio::time::sleep(self.took).await;
+                let n = self.done.fetch_add(1, Ordering::Relaxed);
+                anyhow::ensure!(n < self.fail_after, "broken after {n}");
+                Ok(())
+            })
+        }
+
+        fn close(&self) -> BoxFuture<'_, ()> {
+            Box::pin(async {})
+        }
+    }
+
+    fn sleepy(took: Duration, fail_after: u64) -> Arc<dyn Workload> {
+        Arc::new(Sleepy {
+            took,
+            done: AtomicU64::new(0),
+            fail_after,
+        })
+    }
+
+    #[tokio::test]
+    async fn closed_loops_count_and_time_operations() {
+        let w = sleepy(Duration::from_millis(2), u64::MAX);
+        let out = closed_loop(&w, 2, 3, Duration::from_millis(50), true)
+            .await
+            .unwrap();
+        // 6 tasks, each at most 50 ms / 2 ms operations (and at least one).
+        assert!(out.count.ops >= 6 && out.count.ops <= 6 * 26, "{out:?}");
+        let h = out.hist.unwrap();
+        assert_eq!(h.len(), out.count.ops);
+        assert!(h.min() >= 2_000_000, "{}", h.min());
+    }
+
+    #[tokio::test]
+    async fn a_failing_operation_ends_the_run() {
+        // Four tasks; the first failure ends the run long before its 60 s.
+        let w = sleepy(Duration::ZERO, 10);
+        let run = closed_loop(&w, 2, 2, Duration::from_secs(60), false);
+        let err = tokio::time::timeout(Duration::from_secs(30), run)
+            .await
+            .expect("the run ended at the first failure")
+            .unwrap_err();
+        assert!(err.to_string().contains("broken after"), "{err}");
+        let w = sleepy(Duration::ZERO, 10);
+        let err = fixed_rate(&w, 1, 10_000, Duration::from_secs(10))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("broken after"), "{err}");
+    }
+
+    /// A system that serves one operation at a time, 2 ms each: 500 msg/s at most.
+    struct OneAtATime(tokio::sync::Mutex<()>);
+
+    impl Workload for OneAtATime {
+        fn op(&self, _lane: usize) -> BoxFuture<'_, anyhow::Result<()>> {
+            Box::pin(async move {
+                let _busy = self.0.lock().await;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                Ok(())
+            })
+        }
+
+        fn close(&self) -> BoxFuture<'_, ()> {
+            Box::pin(async {})
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn queueing_behind_a_slow_system_is_not_omitted() {
+        // Offered 1000 msg/s for 200 ms, served at most 500 msg/s: the queue
+        // grows, and the last messages wait some 200 ms. A closed loop would
+        // see 2 ms per operation; the fixed-rate run must see the wait.
+        let w: Arc<dyn Workload> = Arc::new(OneAtATime(tokio::sync::Mutex::new(())));
+        let out = fixed_rate(&w, 1, 1000, Duration::from_millis(200))
+            .await
+            .unwrap();
+        assert_eq!(out.count.ops, 200);
+        let l = latency::Latency::of(&out.hist);
+        assert!(l.p50_us > 50_000.0, "{l:?}");
+        assert!(l.max_us > 150_000.0, "{l:?}");
+        let closed = closed_loop(&w, 1, 1, Duration::from_millis(50), true)
+            .await
+            .unwrap();
+        let c = latency::Latency::of(&closed.hist.unwrap());
+        assert!(c.p50_us < 20_000.0, "{c:?}");
+    }
+}

@@ -1,0 +1,300 @@
+//! `tubeway bench` end to end: a smoke run of the real binary (so the
+//! benchmark never rots), its JSON checked for every figure and sane
+//! values; the table and the plot; bad options; a broker that dies mid-run.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{run, tubeway, Proc, Server, TempDir};
+use serde_json::Value;
+
+/// Options that keep a run to a few seconds.
+const TINY: [&str; 14] = [
+    "--duration",
+    "60ms",
+    "--warmup",
+    "20ms",
+    "--runs",
+    "2",
+    "--rate",
+    "2000",
+    "--latency-duration",
+    "200ms",
+    "--idle-connections",
+    "5",
+    "--subscribers",
+    "2",
+];
+
+fn num(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+fn section<'a>(report: &'a Value, transport: &str, mode: Option<&str>) -> &'a Value {
+    report["sections"]
+        .as_array()
+        .expect("sections")
+        .iter()
+        .find(|s| s["transport"] == transport && s["mode"].as_str() == mode)
+        .unwrap_or_else(|| panic!("no section {transport} {mode:?}"))
+}
+
+fn figures<'a>(section: &'a Value, group: &str) -> Vec<&'a Value> {
+    section["figures"]
+        .as_array()
+        .expect("figures")
+        .iter()
+        .filter(|f| f["group"] == group)
+        .collect()
+}
+
+fn baseline<'a>(figure: &'a Value, prefix: &str) -> &'a Value {
+    figure["baselines"]
+        .as_array()
+        .expect("baselines")
+        .iter()
+        .find(|b| b["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
+        .unwrap_or_else(|| panic!("no baseline {prefix:?} in {figure}"))
+}
+
+/// Percentiles never decrease: mean aside, p50 <= p90 <= ... <= max.
+fn check_latency(l: &Value) {
+    let order = [
+        "p50_us", "p90_us", "p99_us", "p999_us", "p9999_us", "max_us",
+    ];
+    let values: Vec<f64> = order.iter().map(|k| num(&l[*k])).collect();
+    assert!(values[0] > 0.0, "{l}");
+    assert!(values.windows(2).all(|w| w[0] <= w[1]), "{l}");
+    assert!(num(&l["count"]) > 0.0, "{l}");
+}
+
+#[test]
+fn a_smoke_run_reports_every_figure_with_its_bare_limits() {
+    let dir = TempDir::new();
+    let plot = dir.path().join("bench.svg");
+    let mut cmd = tubeway();
+    cmd.args([
+        "bench",
+        "--json",
+        "--transport",
+        "mem,unix",
+        "--mode",
+        "call,publish",
+    ])
+    .args([
+        "--payload",
+        "64B,5KB",
+        "--connections",
+        "1,2",
+        "--in-flight",
+        "1,4",
+    ])
+    .args(TINY)
+    .arg("--plot")
+    .arg(&plot);
+    let out = run(&mut cmd);
+    out.ok();
+    let report: Value = serde_json::from_str(&out.stdout).expect("one JSON document");
+
+    assert!(report["command"]
+        .as_str()
+        .unwrap()
+        .starts_with("tubeway bench --json"));
+    assert!(num(&report["machine"]["nproc"]) >= 1.0);
+    assert!(report["machine"]["load_before"].is_array());
+    assert!(report["machine"]["load_after"].is_array());
+    assert_eq!(report["method"]["runs"], 2);
+
+    for transport in ["mem", "unix"] {
+        for mode in ["call", "publish"] {
+            let s = section(&report, transport, Some(mode));
+            let sizes = figures(s, "size");
+            assert_eq!(sizes.len(), 2, "{transport} {mode}");
+            for f in &sizes {
+                assert!(num(&f["msgs_per_sec"]["median"]) > 0.0, "{f}");
+                assert!(num(&f["mb_per_sec"]["median"]) > 0.0, "{f}");
+                assert_eq!(f["msgs_per_sec"]["runs"].as_array().unwrap().len(), 2);
+                let memcpy = baseline(f, "memcpy");
+                assert!(num(&memcpy["ratio"]) > 0.0, "{f}");
+                if transport == "unix" {
+                    assert!(num(&baseline(f, "bare socket ping-pong")["ratio"]) > 0.0);
+                    assert!(num(&baseline(f, "bare socket streaming")["ratio"]) > 0.0);
+                    assert!(num(&f["rss"]["broker_kib"]) > 0.0, "{f}");
+                }
+                assert!(num(&f["rss"]["bench_kib"]) > 0.0, "{f}");
+            }
+            for group in ["connections", "in-flight"] {
+                let sweep = figures(s, group);
+                assert_eq!(sweep.len(), 2, "{group}");
+                assert!(sweep
+                    .iter()
+                    .all(|f| num(&f["msgs_per_sec"]["median"]) > 0.0));
+                assert!(num(&sweep[1]["baselines"][0]["ratio"]) > 0.0, "{group}");
+            }
+            let rtt = figures(s, "round-trip");
+            check_latency(&rtt[0]["latency"]["median"]);
+            if transport == "unix" {
+                assert!(num(&baseline(rtt[0], "bare socket ping-pong")["ratio"]) > 0.0);
+            }
+            let rate = figures(s, "rate");
+            let l = &rate[0]["latency"];
+            check_latency(&l["median"]);
+            assert_eq!(l["offered_rate"], 2000);
+            assert!(num(&l["achieved_rate"]) > 0.0);
+            assert!(!l["curve"].as_array().unwrap().is_empty());
+            if mode == "publish" {
+                // Every publish reached both subscribers or was counted as a drop.
+                for f in sizes {
+                    let drops = num(&f["drops"]);
+                    let sent = f["msgs_per_sec"]["runs"].as_array().unwrap();
+                    let got = f["deliveries_per_sec"]["runs"].as_array().unwrap();
+                    for (s, g) in sent.iter().zip(got) {
+                        let (s, g) = (num(s), num(g));
+                        assert!(g <= 2.0 * s * 1.000_001, "{f}");
+                        if drops == 0.0 {
+                            assert!((g - 2.0 * s).abs() <= 2.0 * s * 1e-6, "{f}");
+                        }
+                    }
+                }
+            }
+        }
+        let limits = section(&report, transport, None);
+        let memory = figures(limits, "memory");
+        if transport == "unix" {
+            let m = &memory[0]["memory"];
+            assert!(num(&m["idle_kib"]) > 0.0, "{m}");
+            assert_eq!(m["connections"], 5);
+            assert!(num(&m["per_connection_kib"]) >= 0.0, "{m}");
+            let stream = &limits["figures"][0];
+            assert!(num(&stream["mb_per_sec"]["median"]) > 0.0, "{stream}");
+        } else {
+            assert!(memory[0]["memory"].is_null());
+        }
+        // The slot for the shared-memory ping-pong is there, measured or not.
+        assert!(limits["figures"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["label"].as_str().unwrap().starts_with("shared-memory")));
+    }
+
+    let svg = std::fs::read_to_string(&plot).expect("the plot was written");
+    assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(100)]);
+    assert!(svg.contains("unix call"), "the legend names the series");
+}
+
+#[test]
+fn the_table_is_for_people() {
+    let mut cmd = tubeway();
+    cmd.args(["bench", "--transport", "tcp", "--mode", "echo,queue,oneway"])
+        .args(["--figures", "size,round-trip", "--payload", "5KB"])
+        .args(TINY);
+    let out = run(&mut cmd);
+    let stdout = out.ok();
+    for expected in [
+        "command:  tubeway bench --transport tcp",
+        "method:   each figure warmed up for 20ms, then measured in 2 runs of 60ms",
+        "== tcp echo:",
+        "== tcp queue:",
+        "== tcp oneway:",
+        "throughput by payload size",
+        "bare socket ping-pong, same bytes msg/s",
+        "round-trip latency",
+        "== tcp limits:",
+        "child process `tubeway server`",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "{expected:?} missing from:\n{stdout}"
+        );
+    }
+    // No progress line when stderr is not a terminal.
+    assert!(out.stderr.is_empty(), "{}", out.stderr);
+}
+
+#[test]
+fn a_running_broker_is_benched_within_its_limits() {
+    // Its maximum message size is 20 MiB: 30 MB payloads are reported as
+    // not measured, not failed.
+    let server = Server::start();
+    let mut cmd = tubeway();
+    cmd.args(["bench", "--json", "--url", &server.tcp, "--mode", "echo"])
+        .args(["--figures", "size,memory", "--payload", "64B,30MB"])
+        .args(TINY);
+    let out = run(&mut cmd);
+    let report: Value = serde_json::from_str(out.ok()).expect("JSON");
+    let s = section(&report, "tcp", Some("echo"));
+    assert!(s["broker"].as_str().unwrap().contains("--url"), "{s}");
+    let sizes = figures(s, "size");
+    assert!(num(&sizes[0]["msgs_per_sec"]["median"]) > 0.0);
+    assert!(sizes[1]["msgs_per_sec"].is_null());
+    let note = sizes[1]["note"].as_str().unwrap();
+    assert!(note.contains("maximum message size"), "{note}");
+    // Not our process: its memory is not ours to read.
+    let limits = section(&report, "tcp", None);
+    assert!(figures(limits, "memory")[0]["memory"].is_null());
+}
+
+#[test]
+fn bad_options_are_one_clear_line() {
+    for (args, code, expected) in [
+        (&["--payload", "5XB"][..], 2, "invalid size"),
+        (&["--transport", "udp"], 2, "unknown transport"),
+        (
+            &["--mode", "carrier-pigeon"],
+            2,
+            "unknown mode \"carrier-pigeon\"",
+        ),
+        (&["--duration", "0s"], 2, "must be more than 0"),
+        (&["--url", "mem://x"], 2, "only inside its own process"),
+        (
+            &["--plot", "/nonexistent-dir/x.svg"],
+            2,
+            "no such directory",
+        ),
+    ] {
+        let out = run(tubeway().arg("bench").args(args));
+        let stderr = out.fails_with(code);
+        let first = stderr.lines().next().unwrap_or_default();
+        assert!(first.starts_with("error: "), "{args:?}: {stderr}");
+        assert!(first.contains(expected), "{args:?}: {stderr}");
+    }
+    // Nothing listens there: exit status 3, as for every client command.
+    let dir = TempDir::new();
+    let url = format!("unix://{}", dir.path().join("none.sock").display());
+    let out = run(tubeway().args(["bench", "--url", &url]));
+    let stderr = out.fails_with(3);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+#[test]
+fn a_broker_that_dies_mid_run_ends_the_run_with_an_error() {
+    let server = Server::start();
+    // Bare streaming first (2 s), then the connection sweep: some 30 s of
+    // calls on 1 to 100 connections, during which the broker is killed.
+    let bench = Proc::spawn(tubeway().args([
+        "bench",
+        "--url",
+        &server.unix,
+        "--figures",
+        "connections",
+        "--warmup",
+        "0s",
+        "--duration",
+        "2s",
+        "--runs",
+        "3",
+    ]));
+    // Once the bench is connected (it and this stats request), kill the broker.
+    server.wait_for_stats("the bench to connect", |s| {
+        s["connections"].as_u64() >= Some(2)
+    });
+    let mut server = server;
+    server.proc.child.kill().expect("kill the broker");
+    let out = bench.finish(Duration::from_secs(30));
+    assert!(!out.status.success(), "{out:?}");
+    let stderr = out.stderr.trim();
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
