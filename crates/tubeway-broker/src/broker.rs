@@ -346,9 +346,12 @@ impl Broker {
     }
 
     /// Registers a function served by `handler` inside this process. The
-    /// handler runs on the broker's runtime, so it should be quick; use
-    /// [`Broker::create_async_function`] for handlers that wait. An error or a
-    /// panic becomes a `handler_error` response; the broker keeps serving.
+    /// handler runs on the reader of the caller's connection, at once and
+    /// without a task of its own (the cheapest call there is), so it must be
+    /// quick: calls on that connection wait for it, in order. Use
+    /// [`Broker::create_async_function`] for handlers that wait or work long;
+    /// their calls run concurrently. An error or a panic becomes a
+    /// `handler_error` response; the broker keeps serving.
     pub fn create_function<F>(&self, name: &str, handler: F) -> Result<(), BrokerError>
     where
         F: Fn(Message) -> Result<Message, HandlerError> + Send + Sync + 'static,

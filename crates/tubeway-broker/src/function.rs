@@ -109,6 +109,12 @@ impl Function {
         Function::with(name, None)
     }
 
+    /// Whether calls run inline on the caller's connection: a synchronous
+    /// handler inside the broker, quick by contract.
+    pub fn runs_inline(&self) -> bool {
+        matches!(self.local, Some(Handler::Sync(_)))
+    }
+
     pub fn add_worker(&self, w: WorkerRef) {
         lock(&self.workers).push(w);
     }

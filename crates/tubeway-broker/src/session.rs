@@ -694,6 +694,19 @@ impl Session {
             self.shared.answer(&to, Err(e)).await;
             return;
         }
+        if f.runs_inline() {
+            // Completes at once: nothing to wait for, so no task and no timer.
+            match f.call(m).await {
+                Ok(None) => {}
+                Ok(Some(resp)) => {
+                    self.shared.answer(&to, Ok(resp)).await;
+                }
+                Err(e) => {
+                    self.shared.answer(&to, Err(e)).await;
+                }
+            }
+            return;
+        }
         let timeout = m.timeout.filter(|t| !t.is_zero());
         self.spawn(to, async move {
             let call = f.call(m);

@@ -25,6 +25,8 @@ const MAX_IOV: usize = 512;
 /// the senders instead of growing memory. One frame is always accepted, so a
 /// frame larger than this still goes out, alone.
 pub const WRITE_QUEUE_BYTES: usize = 4 << 20;
+/// Polls between two looks at the clock while spinning.
+const SPINS_PER_CLOCK_CHECK: u32 = 16;
 /// Bytes held back by a cork before they go anyway.
 const CORK_LIMIT: usize = 256 * 1024;
 /// A spinning reader gives the runtime a turn at least this often, so timers
@@ -137,10 +139,16 @@ impl FrameReader {
         }
         let started = *self.spin.started.get_or_insert_with(Instant::now);
         let slice_end = Instant::now() + SPIN_SLICE;
+        let mut spins = 0u32;
         loop {
             std::hint::spin_loop();
             if let Poll::Ready(r) = self.try_fill_now() {
                 return Poll::Ready(r);
+            }
+            // A look at the clock costs more than a look at a ring.
+            spins = spins.wrapping_add(1);
+            if spins % SPINS_PER_CLOCK_CHECK != 0 {
+                continue;
             }
             let now = Instant::now();
             if self.wait.spin().is_some_and(|b| now - started >= b) {

@@ -97,6 +97,10 @@ impl Driver {
     fn new() -> Result<Arc<Driver>> {
         let rt = Builder::new_current_thread()
             .enable_all()
+            // The waiting thread's own call is checked after every task: a
+            // reader that spins must not keep a response it routed waiting
+            // for tokio's default 61 task polls.
+            .event_interval(1)
             .thread_name("tubeway-client")
             .build()
             .map_err(|e| Error::Runtime(format!("cannot start the client's runtime: {e}")))?;
