@@ -235,6 +235,9 @@ struct Owned {
 }
 
 struct Session {
+    /// A task was spawned on this thread since the last request was read:
+    /// the reader must let it run before it spins for the next request.
+    spawned: bool,
     inner: Arc<Inner>,
     shared: Arc<SessionShared>,
     identity: Identity,
@@ -272,6 +275,7 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Connection, wait: WaitStrategy)
     if handshake(&inner, &shared, &mut reader, over_limit).await {
         tracing::debug!(conn = id, %peer, "connected");
         let mut session = Session {
+            spawned: false,
             inner: inner.clone(),
             shared: shared.clone(),
             identity: Identity::anonymous(),
@@ -436,10 +440,15 @@ impl Session {
         // Answers to requests that arrived together leave together: while
         // more of them are already read, the writer holds answers back.
         let mut corked = false;
+        // Made once: a fresh `cancelled()` per request would register and
+        // deregister a waiter every time.
+        let shutdown = self.inner.shutdown.clone();
+        let shutting_down = shutdown.cancelled();
+        tokio::pin!(shutting_down);
         loop {
             let item = tokio::select! {
                 biased;
-                _ = self.inner.shutdown.cancelled() => return self.drain(reader).await,
+                () = &mut shutting_down => return self.drain(reader).await,
                 r = reader.next() => r,
             };
             let counters = &self.inner.counters;
@@ -452,6 +461,10 @@ impl Session {
                         corked = true;
                     }
                     self.handle(m).await;
+                    if !std::mem::take(&mut self.spawned) {
+                        // Nothing here to run first: spin for the next one at once.
+                        reader.skip_yield();
+                    }
                     if !more && corked {
                         self.shared.writer.uncork();
                         corked = false;
@@ -651,7 +664,7 @@ impl Session {
     /// Runs `op` on a task of its own, bounded by the connection's in-flight
     /// limit. An operation whose answer is awaited stops early if the peer goes
     /// away; a oneway one runs to completion, since nobody waits to see it.
-    async fn spawn<F>(&self, to: ReplyTo, op: F)
+    async fn spawn<F>(&mut self, to: ReplyTo, op: F)
     where
         F: Future<Output = Option<Result<Message, BrokerError>>> + Send + 'static,
     {
@@ -661,6 +674,7 @@ impl Session {
             return;
         };
         let shared = self.shared.clone();
+        self.spawned = true;
         self.inner.tracker.spawn(async move {
             let _permit = permit;
             let result = if to.oneway {
@@ -838,6 +852,7 @@ impl Session {
             .answer(&to, Ok(to.response(ResponseStatus::Ok)))
             .await;
         let shared = self.shared.clone();
+        self.spawned = true;
         self.inner.tracker.spawn(async move {
             while let Some(d) = rx.recv().await {
                 // More deliveries right behind: they leave together.

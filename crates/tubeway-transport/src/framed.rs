@@ -17,6 +17,8 @@ use crate::{ReadHalf, WaitStrategy, WriteHalf};
 
 /// Smallest read buffer; also the chunk size used while skipping an oversized frame.
 const READ_CHUNK: usize = 64 * 1024;
+/// Room below which the read buffer is grown before a read.
+const MIN_READ: usize = 4 * 1024;
 /// The flusher writes at most this many bytes per batch before accounting...
 const BATCH_BYTES: usize = 1 << 20;
 /// Slices passed to one `writev` (Linux's IOV_MAX is 1024).
@@ -89,6 +91,13 @@ impl FrameReader {
         self.spin = Spin::default();
     }
 
+    /// Says that handling the last frame woke no task on this thread: a
+    /// spinning reader then spins for the next at once, instead of first
+    /// giving the runtime a turn (which costs a look at its reactor).
+    pub fn skip_yield(&mut self) {
+        self.spin.yielded = true;
+    }
+
     /// Whether bytes of a next frame are already read: more frames follow
     /// at once.
     pub fn has_buffered(&self) -> bool {
@@ -107,9 +116,14 @@ impl FrameReader {
                 return Ok(Some(d));
             }
             // `wanted` is bounded by the maximum frame size, so a hostile length
-            // never makes us reserve more than that.
-            let want = self.decoder.wanted(&self.buf).max(READ_CHUNK);
-            self.buf.reserve(want);
+            // never makes us reserve more than that. The buffer is only
+            // grown when what is left of it is too small: each decoded
+            // payload keeps a slice of it alive, so growing it whenever it
+            // is not a whole chunk would cost an allocation per message.
+            let wanted = self.decoder.wanted(&self.buf);
+            if self.buf.capacity() - self.buf.len() < wanted.max(MIN_READ) {
+                self.buf.reserve(wanted.max(READ_CHUNK));
+            }
             let n = poll_fn(|cx| self.poll_fill(cx)).await?;
             if n == 0 {
                 if self.decoder.is_idle(&self.buf) {
@@ -340,6 +354,12 @@ impl FrameWriter {
     /// write side is shut down. Idempotent.
     pub fn close(&self) {
         self.handle.shared.close();
+    }
+
+    /// Whether frames are queued or being written: the flusher has work.
+    pub fn has_backlog(&self) -> bool {
+        let s = self.handle.shared.lock();
+        s.writing || !s.chunks.is_empty()
     }
 
     /// Whether the writer is closed or closing.

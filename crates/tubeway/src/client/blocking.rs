@@ -2,14 +2,16 @@
 //!
 //! Each [`Client`] has a runtime of its own, a single-threaded one that has
 //! no thread of its own either: the thread that waits for a call drives the
-//! connection itself. It writes the request, sleeps in the kernel (or spins,
-//! by [`ClientOptions::wait`]) until the response is readable, reads it and
-//! returns, so a round trip costs what a hand-written socket ping-pong costs:
-//! no hand-off to an I/O thread and no second wake-up. While several
-//! threads call at once, one drives and wakes the others as their responses
-//! arrive. While something must be served with nobody calling (a
-//! [`Worker`], a [`SubscriptionHandle`], a [`ResponseFuture`] not yet
-//! waited for), a background thread drives instead.
+//! connection itself. It writes the request, takes the connection's reader,
+//! sleeps in the kernel (or spins, by [`ClientOptions::wait`]) until the
+//! response is readable, reads it and returns, so a round trip costs what a
+//! hand-written ping-pong costs: no hand-off to an I/O thread, no second
+//! wake-up, no task switch. While several threads call at once, the one
+//! holding the reader reads for all and wakes the others as their responses
+//! arrive; when it is done, another takes over. While something must be
+//! served with nobody calling (a [`Worker`], a [`SubscriptionHandle`], a
+//! [`ResponseFuture`] not yet waited for), a background thread holds the
+//! reader instead.
 //!
 //! Every call is bounded by a timeout, as in [`AsyncClient`]. Calling from
 //! inside an async runtime fails with [`Error::Runtime`] instead of blocking
@@ -31,6 +33,7 @@ use tubeway_proto::{ops, Message};
 use tubeway_transport::Url;
 use uuid::Uuid;
 
+use super::connection::{Conn, Reader};
 use super::{AsyncClient, ClientOptions, HandlerError};
 use crate::{Error, Result};
 
@@ -80,10 +83,48 @@ fn may_block() -> bool {
 }
 
 /// A client's own runtime: current-thread, driven by whoever waits on it.
-#[derive(Debug)]
 struct Driver {
     rt: Option<Runtime>,
     background: Mutex<Background>,
+    /// The connection's reader while nobody runs it.
+    reader: Mutex<Option<Reader>>,
+    /// Signalled when the reader is put back.
+    reader_free: Notify,
+    conn: Mutex<Option<Arc<Conn>>>,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver").finish_non_exhaustive()
+    }
+}
+
+/// The reader, held by whoever runs it; put back for the next when dropped.
+struct Held<'a> {
+    driver: &'a Driver,
+    reader: Option<Reader>,
+}
+
+impl Held<'_> {
+    /// Polls the reader; false once it has ended (the connection closed).
+    fn poll(&mut self, cx: &mut Context<'_>) -> bool {
+        match self.reader.as_mut().map(|r| r.as_mut().poll(cx)) {
+            Some(Poll::Pending) => true,
+            _ => {
+                self.reader = None;
+                false
+            }
+        }
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if let Some(r) = self.reader.take() {
+            *self.driver.lock_reader() = Some(r);
+            self.driver.reader_free.notify_one();
+        }
+    }
 }
 
 /// The background driver, running while anything needs serving.
@@ -107,7 +148,111 @@ impl Driver {
         Ok(Arc::new(Driver {
             rt: Some(rt),
             background: Mutex::default(),
+            reader: Mutex::new(None),
+            reader_free: Notify::new(),
+            conn: Mutex::new(None),
         }))
+    }
+
+    fn lock_reader(&self) -> std::sync::MutexGuard<'_, Option<Reader>> {
+        self.reader.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes the reader if nobody runs it.
+    fn take_reader(&self) -> Option<Held<'_>> {
+        let r = self.lock_reader().take()?;
+        Some(Held {
+            driver: self,
+            reader: Some(r),
+        })
+    }
+
+    /// Whether the connection's writer has frames for its task to write.
+    fn write_backlog(&self) -> bool {
+        self.conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|c| c.write_backlog())
+    }
+
+    /// Runs `f` to completion on this thread, running the connection's
+    /// reader meanwhile whenever nobody else does.
+    fn block_on<F: Future>(&self, f: F) -> F::Output {
+        self.rt().block_on(async {
+            tokio::pin!(f);
+            let mut held: Option<Held<'_>> = None;
+            let free = self.reader_free.notified();
+            tokio::pin!(free);
+            std::future::poll_fn(|cx| loop {
+                if let Poll::Ready(v) = f.as_mut().poll(cx) {
+                    return Poll::Ready(v);
+                }
+                if held.is_none() {
+                    // Interest first, so a reader put back meanwhile is not missed.
+                    free.as_mut().enable();
+                    held = self.take_reader();
+                    if held.is_none() {
+                        if free.as_mut().poll(cx).is_ready() {
+                            free.set(self.reader_free.notified());
+                            continue;
+                        }
+                        // Another thread reads; it wakes us with our answer.
+                        return Poll::Pending;
+                    }
+                }
+                let Some(h) = held.as_mut() else {
+                    return Poll::Pending;
+                };
+                // Twice: a reader that spins first yields once (for tasks its
+                // last message woke), then spins for the answer; polling it
+                // again here saves a trip through the scheduler, unless the
+                // writer's task has frames to write first.
+                for _ in 0..2 {
+                    if !h.poll(cx) {
+                        // The connection ended; `f` learns it from its call.
+                        held = None;
+                        break;
+                    }
+                    if let Poll::Ready(v) = f.as_mut().poll(cx) {
+                        return Poll::Ready(v);
+                    }
+                    if self.write_backlog() {
+                        break;
+                    }
+                }
+                return Poll::Pending;
+            })
+            .await
+        })
+    }
+
+    /// Runs the reader until `until` is signalled: the background driver.
+    async fn serve(&self, until: Arc<Notify>) {
+        let stop = until.notified();
+        tokio::pin!(stop);
+        stop.as_mut().enable();
+        let mut held = loop {
+            let free = self.reader_free.notified();
+            tokio::pin!(free);
+            free.as_mut().enable();
+            if let Some(h) = self.take_reader() {
+                break h;
+            }
+            tokio::select! {
+                () = &mut stop => return,
+                () = free => {}
+            }
+        };
+        // Until stopped (then `held` puts the reader back for the callers)
+        // or the connection ends.
+        std::future::poll_fn(|cx| {
+            if stop.as_mut().poll(cx).is_ready() || !held.poll(cx) {
+                return Poll::Ready(());
+            }
+            Poll::Pending
+        })
+        .await;
     }
 
     fn rt(&self) -> &Runtime {
@@ -129,7 +274,10 @@ impl Driver {
             let until = stop.clone();
             std::thread::Builder::new()
                 .name("tubeway-client".into())
-                .spawn(move || driver.rt().block_on(until.notified()))
+                .spawn(move || {
+                    let d = driver.clone();
+                    driver.rt().block_on(d.serve(until));
+                })
                 .map_err(|e| {
                     Error::Runtime(format!("cannot start the client's driver thread: {e}"))
                 })?;
@@ -205,7 +353,7 @@ impl Exec {
             ));
         }
         match self {
-            Exec::Own(d) => Ok(d.rt().block_on(f)),
+            Exec::Own(d) => Ok(d.block_on(f)),
             Exec::Shared => Ok(shared_runtime()?.handle().block_on(f)),
         }
     }
@@ -252,8 +400,11 @@ impl Client {
 
     /// Connects with `options`.
     pub fn connect_with(url: &str, options: ClientOptions) -> Result<Self> {
-        let exec = Exec::Own(Driver::new()?);
-        let inner = exec.block_on(AsyncClient::connect_with(url, options))??;
+        let driver = Driver::new()?;
+        let exec = Exec::Own(driver.clone());
+        let (inner, reader) = exec.block_on(AsyncClient::connect_parts(url, options))??;
+        *driver.lock_reader() = Some(reader);
+        *driver.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(inner.conn_arc());
         Ok(Client { inner, exec })
     }
 

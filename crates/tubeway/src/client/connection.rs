@@ -1,14 +1,21 @@
-//! One broker connection: a writer task, a reader task, and the routing table
-//! the reader uses to hand each incoming message to whoever waits for it.
+//! One broker connection: a writer, a reader, and the routing table the
+//! reader uses to hand each incoming message to whoever waits for it.
+//!
+//! The reader is a future ([`Reader`]): the async client spawns it as a
+//! task; the blocking client lets the thread that waits for an answer poll
+//! it, so the answer is read on the thread that wants it.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::{AbortHandle, JoinHandle};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tubeway_proto::{
     codec, ops, Decoded, EncodedFrame, Message, MessageType, ResponseStatus, MIME_TEXT,
 };
@@ -26,6 +33,8 @@ pub(crate) type Dispatch = Arc<dyn Fn(Message) -> HandlerTask + Send + Sync>;
 /// State shared by the client handle, the reader task and the writer task.
 pub(crate) struct Conn {
     state: Mutex<State>,
+    /// Cancelled on close: the reader stops, wherever it runs.
+    stop: CancellationToken,
     /// The broker's limit from the handshake; larger messages are refused locally.
     max_send: AtomicUsize,
 }
@@ -42,7 +51,6 @@ struct State {
     subscriptions: HashMap<Uuid, mpsc::Sender<Message>>,
     /// Worker registrations, by the id of their `create_function` message.
     workers: HashMap<Uuid, Dispatch>,
-    reader: Option<AbortHandle>,
 }
 
 impl std::fmt::Debug for Conn {
@@ -57,14 +65,20 @@ impl std::fmt::Debug for Conn {
     }
 }
 
+/// The connection's reader: reads and routes every incoming message until
+/// the connection closes. Someone must poll it (see the module doc).
+pub(crate) type Reader = Pin<Box<dyn Future<Output = ()> + Send>>;
+
 /// What a successful [`establish`] returns.
 pub(crate) struct Established {
     pub(crate) conn: Arc<Conn>,
     pub(crate) writer: JoinHandle<()>,
+    pub(crate) reader: Reader,
     pub(crate) welcome: ops::Welcome,
 }
 
-/// Connects, performs the `hello` handshake and starts the reader and writer tasks.
+/// Connects, performs the `hello` handshake and starts the writer; returns
+/// the reader for the caller to run.
 pub(crate) async fn establish(
     url: &Url,
     hello: &ops::Hello,
@@ -88,6 +102,7 @@ pub(crate) async fn establish(
 
     let (frame_writer, flusher) = FrameWriter::new(stream.writer);
     let conn = Arc::new(Conn {
+        stop: CancellationToken::new(),
         state: Mutex::new(State {
             writer: Some(frame_writer),
             ..State::default()
@@ -126,19 +141,11 @@ pub(crate) async fn establish(
     };
     conn.max_send.store(max_send, Ordering::Relaxed);
 
-    let reader = tokio::spawn(read_loop(conn.clone(), frames));
-    {
-        let mut s = conn.lock();
-        if s.closed.is_some() {
-            // The writer failed in the meantime; do not leave the reader running.
-            reader.abort();
-        } else {
-            s.reader = Some(reader.abort_handle());
-        }
-    }
+    let reader = Box::pin(read_loop(conn.clone(), frames));
     Ok(Established {
         conn,
         writer,
+        reader,
         welcome,
     })
 }
@@ -185,8 +192,18 @@ async fn write_loop(flusher: impl std::future::Future<Output = io::Result<()>>, 
 }
 
 async fn read_loop(conn: Arc<Conn>, mut frames: FrameReader) {
+    // Made once: a fresh `cancelled()` per frame would register and
+    // deregister a waiter every time.
+    let stop = conn.stop.clone();
+    let stopped = stop.cancelled();
+    tokio::pin!(stopped);
     let reason = loop {
-        match frames.next().await {
+        let next = tokio::select! {
+            biased;
+            () = &mut stopped => return,
+            r = frames.next() => r,
+        };
+        match next {
             Ok(Some(Decoded::Message(m))) => conn.route(m).await,
             Ok(Some(Decoded::TooLarge {
                 id,
@@ -405,6 +422,14 @@ impl Conn {
         self.lock().pending.len()
     }
 
+    /// Whether frames wait to be written: the writer's task must run.
+    pub(crate) fn write_backlog(&self) -> bool {
+        self.lock()
+            .writer
+            .as_ref()
+            .is_some_and(FrameWriter::has_backlog)
+    }
+
     /// Whether the connection is closed.
     pub(crate) fn is_closed(&self) -> bool {
         self.lock().closed.is_some()
@@ -420,7 +445,7 @@ impl Conn {
     /// subscription and worker, stops the reader, and lets the writer flush
     /// what is queued and shut the stream down. Idempotent.
     pub(crate) fn close(&self, reason: &str) {
-        let (writer, pending, subscriptions, workers, reader) = {
+        let (writer, pending, subscriptions, workers) = {
             let mut s = self.lock();
             if s.closed.is_some() {
                 return;
@@ -431,7 +456,6 @@ impl Conn {
                 std::mem::take(&mut s.pending),
                 std::mem::take(&mut s.subscriptions),
                 std::mem::take(&mut s.workers),
-                s.reader.take(),
             )
         };
         // Dropped outside the lock: waking waiters must not contend on it.
@@ -439,9 +463,7 @@ impl Conn {
             w.close();
         }
         drop((writer, pending, subscriptions, workers));
-        if let Some(reader) = reader {
-            reader.abort();
-        }
+        self.stop.cancel();
     }
 }
 

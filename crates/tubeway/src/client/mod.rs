@@ -100,6 +100,16 @@ impl AsyncClient {
 
     /// Connects with `options`.
     pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Self> {
+        let (client, reader) = Self::connect_parts(url, options).await?;
+        tokio::spawn(reader);
+        Ok(client)
+    }
+
+    /// Connects, leaving the connection's reader for the caller to run.
+    pub(crate) async fn connect_parts(
+        url: &str,
+        options: ClientOptions,
+    ) -> Result<(Self, connection::Reader)> {
         let url: Url = url.parse()?;
         let hello = ops::Hello {
             client: options.name.clone(),
@@ -114,7 +124,7 @@ impl AsyncClient {
         )
         .await?;
         tracing::debug!(%url, server = %est.welcome.server, "connected");
-        Ok(AsyncClient {
+        let client = AsyncClient {
             inner: Arc::new(Inner {
                 conn: est.conn,
                 writer: Mutex::new(Some(est.writer)),
@@ -122,11 +132,16 @@ impl AsyncClient {
                 options,
                 welcome: est.welcome,
             }),
-        })
+        };
+        Ok((client, est.reader))
     }
 
     pub(crate) fn conn(&self) -> &Conn {
         &self.inner.conn
+    }
+
+    pub(crate) fn conn_arc(&self) -> Arc<Conn> {
+        self.inner.conn.clone()
     }
 
     /// The broker's URL.
