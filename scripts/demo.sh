@@ -87,11 +87,13 @@ wait_until() {
 exited() { ! kill -0 "$1" 2>/dev/null; }
 
 step "starting the broker on a free port"
-printf '$ tubeway server --listen tcp://127.0.0.1:0 &\n'
-"$BIN" server --listen tcp://127.0.0.1:0 >"$work/server.out" 2>"$work/server.log" &
+SHM_URL="shm://tubeway-demo-$$"
+printf '$ tubeway server --listen tcp://127.0.0.1:0 --listen %s &\n' "$SHM_URL"
+"$BIN" server --listen tcp://127.0.0.1:0 --listen "$SHM_URL" >"$work/server.out" 2>"$work/server.log" &
 server_pid=$!
 wait_until 20 grep -q '^listening on ' "$work/server.out"
 cat "$work/server.out"
+wait_until 20 grep -q "^listening on shm://" "$work/server.out"
 TUBEWAY_URL="$(sed -n 's/^listening on //p' "$work/server.out" | head -n 1)"
 export TUBEWAY_URL
 printf '$ export TUBEWAY_URL=%s\n' "$TUBEWAY_URL"
@@ -99,6 +101,9 @@ printf '$ export TUBEWAY_URL=%s\n' "$TUBEWAY_URL"
 step "functions: call the built-in echo"
 tubeway call echo 'Hello, Tubeway!'
 tubeway call echo --data '{"order": 42, "items": ["tea", "cake"]}' --json
+
+step "the same call over shared memory: only the URL changes"
+tubeway call echo 'Hello over shared memory!' --url "$SHM_URL"
 
 step "queues: offer three messages, poll them back in order"
 tubeway queue create jobs --capacity 100
