@@ -244,6 +244,9 @@ pub(crate) fn withdraw(word: &AtomicU32) {
     word.swap(NOT_WAITING, Ordering::Relaxed);
 }
 
+/// How often a budgeted spin yields its CPU to whoever waits for it.
+const YIELD_EVERY: Duration = Duration::from_micros(5);
+
 /// Spins between two looks at the clock: a look costs ~25 ns, a spin of a
 /// few ns, and the budgets are tens of microseconds.
 const SPINS_PER_CLOCK_CHECK: u32 = 64;
@@ -338,6 +341,7 @@ fn spin<T, E>(
         return Ok(Spun::BudgetSpent);
     }
     let start = (budget.is_some() || deadline.is_some()).then(Instant::now);
+    let mut next_yield = start.map(|s| s + YIELD_EVERY);
     loop {
         for _ in 0..SPINS_PER_CLOCK_CHECK {
             if let Some(v) = poll()? {
@@ -352,6 +356,14 @@ fn spin<T, E>(
             }
             if budget.is_some_and(|b| now.duration_since(start) >= b) {
                 return Ok(Spun::BudgetSpent);
+            }
+            // A budgeted spin (not a busy spin, which owns its core) lets
+            // whoever waits for this CPU run now and then: schedulers put a
+            // waker and its wakee on one CPU, and the peer that will answer
+            // may be that wakee. Costs a system call when nobody waits.
+            if budget.is_some() && next_yield.is_some_and(|y| now >= y) {
+                yield_now();
+                next_yield = Some(now + YIELD_EVERY);
             }
         }
     }

@@ -27,6 +27,8 @@ const MAX_IOV: usize = 512;
 /// the senders instead of growing memory. One frame is always accepted, so a
 /// frame larger than this still goes out, alone.
 pub const WRITE_QUEUE_BYTES: usize = 4 << 20;
+/// How often a spin with a budget gives the CPU to whoever else waits for it.
+const SPIN_YIELD_EVERY: std::time::Duration = std::time::Duration::from_micros(5);
 /// Polls between two looks at the clock while spinning.
 const SPINS_PER_CLOCK_CHECK: u32 = 16;
 /// Bytes held back by a cork before they go anyway.
@@ -153,6 +155,7 @@ impl FrameReader {
         }
         let started = *self.spin.started.get_or_insert_with(Instant::now);
         let slice_end = Instant::now() + SPIN_SLICE;
+        let mut next_yield = Instant::now() + SPIN_YIELD_EVERY;
         let mut spins = 0u32;
         loop {
             std::hint::spin_loop();
@@ -167,6 +170,13 @@ impl FrameReader {
             let now = Instant::now();
             if self.wait.spin().is_some_and(|b| now - started >= b) {
                 break;
+            }
+            if self.wait.spin().is_some() && now >= next_yield {
+                // The thread that will answer may be waiting for this very
+                // CPU (schedulers do put a waker and its wakee together):
+                // let it run. A no-op costing a system call when nobody waits.
+                std::thread::yield_now();
+                next_yield = now + SPIN_YIELD_EVERY;
             }
             if now >= slice_end {
                 self.spin.yielded = false;
