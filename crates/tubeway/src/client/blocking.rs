@@ -179,8 +179,10 @@ impl Driver {
     /// Runs `f` to completion on this thread, running the connection's
     /// reader meanwhile whenever nobody else does.
     fn block_on<F: Future>(&self, f: F) -> F::Output {
+        // On the heap once: a call's future is kilobytes, and every layer
+        // below would otherwise copy it again.
+        let mut f = Box::pin(f);
         self.rt().block_on(async {
-            tokio::pin!(f);
             let mut held: Option<Held<'_>> = None;
             let free = self.reader_free.notified();
             tokio::pin!(free);
