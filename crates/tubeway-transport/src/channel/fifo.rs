@@ -54,8 +54,27 @@ pub(crate) fn connect(path: &Path, options: &ChannelOptions) -> Result<Duplex, C
         Err(e) => return Err(io::Error::from(e).into()),
     };
     let down = open(&with_suffix(path, ".down"), OFlags::RDONLY).map_err(io_err)?;
+    // A pipe without a writer reads as ended: wait for the listener's
+    // greeting, which says its end is open, before anything is read.
+    let deadline = Instant::now() + options.connect_timeout;
+    let mut greeting = [0u8; 1];
+    loop {
+        match rustix::io::read(&down, &mut greeting) {
+            Ok(1) if greeting == [GREETING] => break,
+            Ok(1) => return Err(ConnectError::Setup("not a tubeway fifo listener".into())),
+            Ok(_) | Err(Errno::AGAIN | Errno::INTR) => {}
+            Err(e) => return Err(io::Error::from(e).into()),
+        }
+        if Instant::now() >= deadline {
+            return Err(ConnectError::TimedOut(options.connect_timeout));
+        }
+        std::thread::sleep(OPEN_RETRY);
+    }
     Ok(stream::duplex(Arc::new(down), Arc::new(up), options))
 }
+
+/// The byte a listener writes first, once its end of `.down` is open.
+const GREETING: u8 = 0x01;
 
 /// Owns the two pipes; removes them when dropped.
 #[derive(Debug)]
@@ -103,8 +122,9 @@ impl FifoListener {
                 Err(e) => return Err(io::Error::from(e).into()),
             }
         };
-        // The connector has `.up` open for writing by now.
+        // The connector has `.up` open for writing by now, and waits for this.
         let up = open(&with_suffix(&self.path, ".up"), OFlags::RDONLY).map_err(io_err)?;
+        rustix::io::write(&down, &[GREETING]).map_err(io_err)?;
         Ok(stream::duplex(Arc::new(up), Arc::new(down), options))
     }
 }

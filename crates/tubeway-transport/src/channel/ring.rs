@@ -1,12 +1,11 @@
 //! Channels over rings: `shm://` between processes, `mem://` in one.
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{mpsc, Arc, LazyLock};
 use std::time::Instant;
 
 use rustix::event::{PollFd, PollFlags};
@@ -20,6 +19,7 @@ use super::{
     strategy, AcceptError, ChannelOptions, ConnectError, Duplex, Reader, ReaderInner, Received,
     ReceivedInner, RecvError, SendError, TrySendError, Writer, WriterInner,
 };
+use crate::mem::{Binding, Names};
 use crate::shm::{self, setup};
 use crate::WaitStrategy;
 
@@ -361,57 +361,28 @@ fn accept_shm(sock: UnixStream, options: &ChannelOptions) -> Result<Duplex, Stri
 
 // ----- mem -----
 
-type Registry = Mutex<HashMap<String, mpsc::SyncSender<Arc<Region>>>>;
-
-fn registry() -> &'static Registry {
-    static REGISTRY: OnceLock<Registry> = OnceLock::new();
-    REGISTRY.get_or_init(Default::default)
-}
-
-fn lock() -> std::sync::MutexGuard<'static, HashMap<String, mpsc::SyncSender<Arc<Region>>>> {
-    registry()
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+static CHANNELS: LazyLock<Names<mpsc::SyncSender<Arc<Region>>>> = LazyLock::new(Names::new);
 
 /// An in-process listener: connectors hand it a region they made.
 #[derive(Debug)]
 pub(crate) struct MemListener {
-    name: String,
     rx: mpsc::Receiver<Arc<Region>>,
+    _binding: Binding<mpsc::SyncSender<Arc<Region>>>,
 }
 
 impl MemListener {
     fn bind(name: &str) -> io::Result<MemListener> {
-        let mut reg = lock();
-        if reg.contains_key(name) {
-            return Err(io::Error::new(
-                io::ErrorKind::AddrInUse,
-                format!("mem://{name} is already bound"),
-            ));
-        }
         let (tx, rx) = mpsc::sync_channel(64);
-        reg.insert(name.to_owned(), tx);
+        let binding = CHANNELS.bind(name, tx)?;
         Ok(MemListener {
-            name: name.to_owned(),
             rx,
+            _binding: binding,
         })
     }
 }
 
-impl Drop for MemListener {
-    fn drop(&mut self) {
-        lock().remove(&self.name);
-    }
-}
-
 pub(crate) fn connect_mem(name: &str, options: &ChannelOptions) -> Result<Duplex, ConnectError> {
-    let tx = lock().get(name).cloned().ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::ConnectionRefused,
-            format!("no channel listener at mem://{name}"),
-        )
-    })?;
+    let tx = CHANNELS.get(name)?;
     let region = Arc::new(
         Region::heap(&RingConfig::default()).map_err(|e| ConnectError::Setup(setup_error(e)))?,
     );

@@ -170,54 +170,115 @@ fn invalid(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
 }
 
-/// Reads one packet, and the descriptor sent with it if any.
-pub(crate) async fn recv(sock: &UnixStream) -> io::Result<(Packet, Option<OwnedFd>)> {
-    let mut buf = [0u8; LEN];
-    let mut got = 0;
-    let mut fd = None;
-    while got < LEN {
-        let n = sock
-            .async_io(Interest::READABLE, || {
-                let rest = buf.get_mut(got..).unwrap_or_default();
-                recv_some(sock.as_fd(), rest, &mut fd)
-            })
-            .await?;
+/// A packet being read: its bytes so far and the descriptor that came.
+struct Incoming {
+    buf: [u8; LEN],
+    got: usize,
+    fd: Option<OwnedFd>,
+}
+
+impl Incoming {
+    fn new() -> Incoming {
+        Incoming {
+            buf: [0; LEN],
+            got: 0,
+            fd: None,
+        }
+    }
+
+    /// One read; true once the packet is whole.
+    fn read_from(&mut self, sock: BorrowedFd<'_>) -> io::Result<bool> {
+        let rest = self.buf.get_mut(self.got..).unwrap_or_default();
+        let n = recv_some(sock, rest, &mut self.fd)?;
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "the peer closed the shared-memory set-up socket",
             ));
         }
-        got += n;
+        self.got += n;
+        Ok(self.got == LEN)
     }
-    let packet = Packet::decode(&buf).ok_or_else(|| invalid("not a tubeway shared-memory peer"))?;
-    Ok((packet, fd))
+
+    fn finish(self) -> io::Result<(Packet, Option<OwnedFd>)> {
+        let packet =
+            Packet::decode(&self.buf).ok_or_else(|| invalid("not a tubeway shared-memory peer"))?;
+        Ok((packet, self.fd))
+    }
+}
+
+/// A packet being written, with the descriptor it carries on its first byte.
+struct Outgoing<'a> {
+    bytes: [u8; LEN],
+    sent: usize,
+    fd: Option<BorrowedFd<'a>>,
+}
+
+impl<'a> Outgoing<'a> {
+    fn new(packet: Packet, fd: Option<BorrowedFd<'a>>) -> Outgoing<'a> {
+        Outgoing {
+            bytes: packet.encode(),
+            sent: 0,
+            fd,
+        }
+    }
+
+    /// One write; true once the packet is out.
+    fn write_to(&mut self, sock: BorrowedFd<'_>) -> io::Result<bool> {
+        let rest = self.bytes.get(self.sent..).unwrap_or_default();
+        let first = self.sent == 0;
+        let fds = match (&self.fd, first) {
+            (Some(fd), true) => std::slice::from_ref(fd),
+            _ => &[],
+        };
+        self.sent += send_some(sock, rest, fds)?;
+        Ok(self.sent == LEN)
+    }
+}
+
+/// Retries `op` on EINTR, for blocking sockets.
+fn retrying(mut op: impl FnMut() -> io::Result<bool>) -> io::Result<()> {
+    loop {
+        match op() {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Reads one packet, and the descriptor sent with it if any.
+pub(crate) async fn recv(sock: &UnixStream) -> io::Result<(Packet, Option<OwnedFd>)> {
+    let mut incoming = Incoming::new();
+    while !sock
+        .async_io(Interest::READABLE, || incoming.read_from(sock.as_fd()))
+        .await?
+    {}
+    incoming.finish()
 }
 
 /// [`recv`] on a blocking socket (its timeouts bound the wait).
 pub(crate) fn recv_blocking(
     sock: &std::os::unix::net::UnixStream,
 ) -> io::Result<(Packet, Option<OwnedFd>)> {
-    let mut buf = [0u8; LEN];
-    let mut got = 0;
-    let mut fd = None;
-    while got < LEN {
-        let rest = buf.get_mut(got..).unwrap_or_default();
-        let n = match recv_some(sock.as_fd(), rest, &mut fd) {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the peer closed the shared-memory set-up socket",
-            ));
-        }
-        got += n;
-    }
-    let packet = Packet::decode(&buf).ok_or_else(|| invalid("not a tubeway shared-memory peer"))?;
-    Ok((packet, fd))
+    let mut incoming = Incoming::new();
+    retrying(|| incoming.read_from(sock.as_fd()))?;
+    incoming.finish()
+}
+
+/// Writes one packet, passing `fd` with it.
+pub(crate) async fn send(
+    sock: &UnixStream,
+    packet: Packet,
+    fd: Option<BorrowedFd<'_>>,
+) -> io::Result<()> {
+    let mut outgoing = Outgoing::new(packet, fd);
+    while !sock
+        .async_io(Interest::WRITABLE, || outgoing.write_to(sock.as_fd()))
+        .await?
+    {}
+    Ok(())
 }
 
 /// [`send`] on a blocking socket.
@@ -226,21 +287,8 @@ pub(crate) fn send_blocking(
     packet: Packet,
     fd: Option<BorrowedFd<'_>>,
 ) -> io::Result<()> {
-    let bytes = packet.encode();
-    let mut sent = 0;
-    while sent < LEN {
-        let fds: Vec<BorrowedFd<'_>> = if sent == 0 {
-            fd.into_iter().collect()
-        } else {
-            Vec::new()
-        };
-        match send_some(sock.as_fd(), bytes.get(sent..).unwrap_or_default(), &fds) {
-            Ok(n) => sent += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
+    let mut outgoing = Outgoing::new(packet, fd);
+    retrying(|| outgoing.write_to(sock.as_fd()))
 }
 
 fn recv_some(sock: BorrowedFd<'_>, buf: &mut [u8], fd: &mut Option<OwnedFd>) -> io::Result<usize> {
@@ -259,32 +307,6 @@ fn recv_some(sock: BorrowedFd<'_>, buf: &mut [u8], fd: &mut Option<OwnedFd>) -> 
         }
     }
     Ok(msg.bytes)
-}
-
-/// Writes one packet, passing `fd` with it.
-pub(crate) async fn send(
-    sock: &UnixStream,
-    packet: Packet,
-    fd: Option<BorrowedFd<'_>>,
-) -> io::Result<()> {
-    let bytes = packet.encode();
-    let mut sent = 0;
-    while sent < LEN {
-        let n = sock
-            .async_io(Interest::WRITABLE, || {
-                let rest = bytes.get(sent..).unwrap_or_default();
-                // The descriptor goes with the first byte only.
-                let fds: Vec<BorrowedFd<'_>> = if sent == 0 {
-                    fd.into_iter().collect()
-                } else {
-                    Vec::new()
-                };
-                send_some(sock.as_fd(), rest, &fds)
-            })
-            .await?;
-        sent += n;
-    }
-    Ok(())
 }
 
 fn send_some(sock: BorrowedFd<'_>, buf: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<usize> {
