@@ -35,7 +35,7 @@ const MAX_SUBSCRIBER_BUFFER: u64 = 1 << 20;
 /// How long a closing connection's writer may take to flush.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Capabilities this broker offers.
-const CAPABILITIES: &[&str] = &[ops::CAP_PING, ops::CAP_WORKERS];
+const CAPABILITIES: &[&str] = &[ops::CAP_PING, ops::CAP_WORKERS, ops::CAP_CANCEL];
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -95,6 +95,35 @@ pub(crate) struct SessionShared {
     gone: CancellationToken,
     /// Requests of this connection running on tasks of their own.
     inflight: Arc<Semaphore>,
+    /// Polls and offers of this connection that wait, by request id, for
+    /// `cancel` to withdraw.
+    waiting: Mutex<HashMap<Uuid, CancellationToken>>,
+}
+
+/// A waiting request's entry in [`SessionShared::waiting`], removed however
+/// the request ends.
+struct Waiting {
+    shared: Arc<SessionShared>,
+    id: Uuid,
+    token: CancellationToken,
+}
+
+impl SessionShared {
+    fn waiting(self: &Arc<Self>, id: Uuid) -> Waiting {
+        let token = CancellationToken::new();
+        lock(&self.waiting).insert(id, token.clone());
+        Waiting {
+            shared: self.clone(),
+            id,
+            token,
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        lock(&self.shared.waiting).remove(&self.id);
+    }
 }
 
 impl SessionShared {
@@ -267,6 +296,7 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Connection, wait: WaitStrategy)
         worker_calls: Mutex::default(),
         gone: CancellationToken::new(),
         inflight: Arc::new(Semaphore::new(inner.config.max_in_flight_per_connection)),
+        waiting: Mutex::default(),
     });
     let mut reader = FrameReader::new(reader, inner.config.max_message_size);
     reader.set_wait_strategy(wait);
@@ -576,6 +606,15 @@ impl Session {
         let dest = || check_name(m.destination.as_deref());
         match m.r#type {
             MessageType::Ping => Ok(to.response(ResponseStatus::Ok)),
+            MessageType::Cancel => {
+                // Nothing to withdraw is no error: the request may have ended.
+                if let Some(id) = m.correlation_id {
+                    if let Some(t) = lock(&self.shared.waiting).get(&id) {
+                        t.cancel();
+                    }
+                }
+                Ok(to.response(ResponseStatus::Ok))
+            }
             MessageType::Publish => {
                 let topic = inner.topic(dest()?)?;
                 if m.is_expired() {
@@ -764,10 +803,15 @@ impl Session {
             Err((QueueError::Full, m)) if wait_until.is_some() => {
                 let shutdown = self.inner.shutdown.clone();
                 let to2 = to.clone();
+                let waiting = self.shared.waiting(to.id);
                 self.spawn(to, async move {
                     let r = tokio::select! {
                         r = q.offer(m, wait_until) => r.map(|()| ok(&to2)).map_err(|e| queue_error(&q.name, e)),
                         _ = shutdown.cancelled() => Err(BrokerError::shutting_down()),
+                        () = waiting.token.cancelled() => Err(BrokerError::new(
+                            ResponseStatus::QueueFull,
+                            "offer withdrawn by the client",
+                        )),
                     };
                     Some(r)
                 })
@@ -801,12 +845,23 @@ impl Session {
                 let shared = self.shared.clone();
                 let shutdown = self.inner.shutdown.clone();
                 let to2 = to.clone();
+                let waiting = self.shared.waiting(to.id);
                 self.spawn(to, async move {
                     let r = tokio::select! {
                         r = q.poll(wait_until) => r,
                         _ = shutdown.cancelled() => return Some(Err(BrokerError::shutting_down())),
+                        () = waiting.token.cancelled() => return Some(Err(BrokerError::new(
+                            ResponseStatus::QueueEmpty,
+                            "poll withdrawn by the client",
+                        ))),
                     };
                     match r {
+                        // Withdrawn while the message was being taken: it
+                        // goes back rather than to a poller that gave up.
+                        Ok(found) if waiting.token.is_cancelled() => {
+                            q.requeue(found);
+                            None
+                        }
                         Ok(found) => {
                             deliver_polled(&shared, &q, &to2, found).await;
                             None

@@ -344,6 +344,15 @@ fn messages() -> File {
                 "handshake offering version 1 and capabilities ping, workers (ops::Hello body)",
             ),
             MessageType::Ping => (msg(n, t), "liveness probe: the smallest possible frame"),
+            MessageType::Cancel => {
+                let mut m = msg(n, t);
+                m.correlation_id = Some(id(n + 1000));
+                m.oneway = true;
+                (
+                    m,
+                    "withdraws the waiting request named by correlation_id (a poll, say)",
+                )
+            }
             other => panic!("add a vector for message type {other}"),
         };
         g.valid(t.as_str(), what, m);
@@ -1009,7 +1018,7 @@ fn invalid() -> File {
     );
 
     // Per-frame errors: the frame is well delimited; answered with bad_request.
-    for (name, code) in [("type_0", 0u8), ("type_25", 25), ("type_255", 255)] {
+    for (name, code) in [("type_0", 0u8), ("type_26", 26), ("type_255", 255)] {
         g.invalid(
             name,
             &format!("message type code {code}"),

@@ -106,6 +106,11 @@ wire_enum! {
         Hello = 23 => "hello",
         /// Liveness probe; answered with an `ok` response.
         Ping = 24 => "ping",
+        /// Withdraws a waiting request of this connection (a poll or an
+        /// offer), named by `correlation_id`. Never answered itself; the
+        /// withdrawn request is answered as if its wait had ended
+        /// (`queue_empty`, `queue_full`). Needs the `cancel` capability.
+        Cancel = 25 => "cancel",
     }
 }
 

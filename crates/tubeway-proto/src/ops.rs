@@ -10,6 +10,9 @@ use serde::{Deserialize, Serialize};
 pub const CAP_PING: &str = "ping";
 /// Capability: the peer can serve functions as a worker.
 pub const CAP_WORKERS: &str = "workers";
+/// Capability: the peer understands `cancel` (withdrawing a waiting poll or
+/// offer, so that a poller that gave up is not sent a message it will not read).
+pub const CAP_CANCEL: &str = "cancel";
 
 /// Payload of `hello`, the first frame a client sends.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,7 +34,7 @@ impl Default for Hello {
         Hello {
             min_version: crate::PROTOCOL_VERSION,
             max_version: crate::PROTOCOL_VERSION,
-            capabilities: vec![CAP_PING.into(), CAP_WORKERS.into()],
+            capabilities: vec![CAP_PING.into(), CAP_WORKERS.into(), CAP_CANCEL.into()],
             client: concat!("tubeway-rust/", env!("CARGO_PKG_VERSION")).into(),
         }
     }

@@ -27,6 +27,7 @@ crate::transport_tests! {
     queued_message_keeps_its_fields,
     blocking_client_offer_and_poll,
     offer_answered_queue_full_is_not_queued,
+    withdrawn_poll_does_not_take_a_message,
 }
 
 const SHORT: Duration = Duration::from_secs(1);
@@ -585,4 +586,33 @@ async fn offer_answered_queue_full_is_not_queued(h: &Harness) {
         .find(|q| q.status.name == "tight")
         .unwrap();
     assert_eq!(q.rejected, refused.len() as u64);
+}
+
+/// A poll whose caller gives up (its future dropped) is withdrawn at the
+/// broker: the next message goes to a poller that still waits, not to the
+/// connection that would drop it.
+async fn withdrawn_poll_does_not_take_a_message(h: &Harness) {
+    let producer = h.client().await;
+    step(producer.create_queue("w", 10, QueueKind::Bounded))
+        .await
+        .unwrap();
+    let quitter = h.client().await;
+    let mut poll = Box::pin(quitter.poll("w", Duration::from_secs(20)));
+    common::start(&mut poll).await;
+    step(quitter.ping()).await.unwrap(); // the poll waits at the broker
+    drop(poll); // the caller gives up; the client withdraws the poll
+    step(quitter.ping()).await.unwrap(); // the withdrawal has arrived
+    step(producer.offer("w", Message::plain_text("kept"), SHORT))
+        .await
+        .unwrap();
+    let m = step(producer.poll("w", SHORT)).await.unwrap().unwrap();
+    assert_eq!(text(&m), "kept");
+    // The quitter's connection is still usable.
+    step(quitter.offer("w", Message::plain_text("again"), SHORT))
+        .await
+        .unwrap();
+    assert_eq!(
+        text(&step(quitter.poll("w", SHORT)).await.unwrap().unwrap()),
+        "again"
+    );
 }

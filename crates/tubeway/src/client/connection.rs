@@ -33,6 +33,8 @@ pub(crate) type Dispatch = Arc<dyn Fn(Message) -> HandlerTask + Send + Sync>;
 /// State shared by the client handle, the reader task and the writer task.
 pub(crate) struct Conn {
     state: Mutex<State>,
+    /// The broker understands `cancel`.
+    can_cancel: std::sync::atomic::AtomicBool,
     /// Cancelled on close: the reader stops, wherever it runs.
     stop: CancellationToken,
     /// The broker's limit from the handshake; larger messages are refused locally.
@@ -51,7 +53,14 @@ struct State {
     subscriptions: HashMap<Uuid, mpsc::Sender<Message>>,
     /// Worker registrations, by the id of their `create_function` message.
     workers: HashMap<Uuid, Dispatch>,
+    /// Polls their caller gave up on, by id, with their queue: a message the
+    /// broker took for one before it learnt is offered back, not lost.
+    abandoned: HashMap<Uuid, String>,
 }
+
+/// Withdrawn polls remembered at most; past it the oldest answers are
+/// simply dropped (the broker withdraws the polls themselves).
+const MAX_ABANDONED: usize = 4096;
 
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -102,6 +111,7 @@ pub(crate) async fn establish(
 
     let (frame_writer, flusher) = FrameWriter::new(stream.writer);
     let conn = Arc::new(Conn {
+        can_cancel: std::sync::atomic::AtomicBool::new(false),
         stop: CancellationToken::new(),
         state: Mutex::new(State {
             writer: Some(frame_writer),
@@ -140,6 +150,10 @@ pub(crate) async fn establish(
         Err(_) => tubeway_proto::MAX_MESSAGE_SIZE_LIMIT,
     };
     conn.max_send.store(max_send, Ordering::Relaxed);
+    conn.can_cancel.store(
+        welcome.capabilities.iter().any(|c| c == ops::CAP_CANCEL),
+        Ordering::Relaxed,
+    );
 
     let reader = Box::pin(read_loop(conn.clone(), frames));
     Ok(Established {
@@ -265,12 +279,19 @@ impl Conn {
         };
         match m.r#type {
             MessageType::Response => {
-                let waiter = self.lock().pending.remove(&cid);
-                match waiter {
-                    Some(w) => {
+                let (waiter, abandoned) = {
+                    let mut s = self.lock();
+                    match s.pending.remove(&cid) {
+                        Some(w) => (Some(w), None),
+                        None => (None, s.abandoned.remove(&cid)),
+                    }
+                };
+                match (waiter, abandoned) {
+                    (Some(w), _) => {
                         let _ = w.send(m);
                     }
-                    None => tracing::debug!("response to a call no longer waiting: {cid}"),
+                    (None, Some(queue)) if m.status().is_ok() => self.offer_back(m, queue).await,
+                    (None, _) => tracing::debug!("response to a call no longer waiting: {cid}"),
                 }
             }
             MessageType::Publish => {
@@ -305,6 +326,26 @@ impl Conn {
                 }
             }
             other => tracing::warn!("ignored an unexpected {other} message"),
+        }
+    }
+
+    /// Offers back a message the broker took for a poll its caller had
+    /// given up on: it goes to the end of its queue, not to waste.
+    async fn offer_back(&self, polled: Message, queue: String) {
+        tracing::warn!(
+            "a poll on {queue:?} was answered after its caller gave up; offering its message back"
+        );
+        let mut back = polled;
+        back.r#type = MessageType::Offer;
+        back.id = Uuid::new_v4();
+        back.response_status = None;
+        back.correlation_id = None;
+        back.destination = Some(queue);
+        back.oneway = true;
+        // The broker waits this long for room in a full queue.
+        back.timeout = Some(Duration::from_secs(30));
+        if let Ok(frame) = self.encode(&back) {
+            let _ = self.send_frame(frame).await;
         }
     }
 
@@ -378,10 +419,32 @@ impl Conn {
         Ok((rx, s.pending.len() > 1))
     }
 
-    /// Forgets a call (it timed out or was cancelled).
-    pub(crate) fn remove_pending(&self, id: Uuid) {
-        let waiter = self.lock().pending.remove(&id);
-        drop(waiter);
+    /// Forgets a call once it has ended. A poll that ended unanswered (its
+    /// caller gave up) is withdrawn at the broker, and remembered in case
+    /// the broker had already sent it a message.
+    pub(crate) fn remove_pending(&self, id: Uuid, poll_queue: Option<&str>) {
+        let withdraw = {
+            let mut s = self.lock();
+            let unanswered = s.pending.remove(&id).is_some();
+            match poll_queue {
+                Some(queue) if unanswered && s.closed.is_none() => {
+                    if s.abandoned.len() >= MAX_ABANDONED {
+                        s.abandoned.clear();
+                    }
+                    s.abandoned.insert(id, queue.to_owned());
+                    self.can_cancel.load(Ordering::Relaxed)
+                }
+                _ => false,
+            }
+        };
+        if withdraw {
+            let mut cancel = Message::new(MessageType::Cancel);
+            cancel.correlation_id = Some(id);
+            cancel.oneway = true;
+            if let Ok(frame) = self.encode(&cancel) {
+                self.try_send_frame(frame);
+            }
+        }
     }
 
     /// Routes deliveries correlated with `id` to `tx`.

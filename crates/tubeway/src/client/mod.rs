@@ -203,7 +203,13 @@ impl AsyncClient {
         let conn = self.conn();
         let (rx, pipelined) = conn.register_pending(&mut msg)?;
         // Removes the entry however this call ends: answered, timed out, or cancelled.
-        let _pending = PendingGuard { conn, id: msg.id };
+        let _pending = PendingGuard {
+            conn,
+            id: msg.id,
+            poll_queue: (msg.r#type == MessageType::Poll)
+                .then(|| msg.destination.clone())
+                .flatten(),
+        };
         let exchange = async {
             let frame = conn.encode(&msg)?;
             if pipelined {
@@ -527,11 +533,14 @@ impl AsyncClient {
 struct PendingGuard<'a> {
     conn: &'a Conn,
     id: uuid::Uuid,
+    /// The queue, for a poll.
+    poll_queue: Option<String>,
 }
 
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
-        self.conn.remove_pending(self.id);
+        self.conn
+            .remove_pending(self.id, self.poll_queue.as_deref());
     }
 }
 

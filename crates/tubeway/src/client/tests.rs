@@ -78,13 +78,17 @@ async fn accept(listener: &mut Listener) -> Peer {
 
 /// Reads the hello and welcomes the client with `max_message_size`.
 async fn welcome(peer: &mut Peer, max_message_size: u64) {
+    welcome_with(peer, max_message_size, vec![]).await;
+}
+
+async fn welcome_with(peer: &mut Peer, max_message_size: u64, capabilities: Vec<String>) {
     let hello = peer.recv().await;
     assert_eq!(hello.r#type, MessageType::Hello);
     let body: ops::Hello = hello.data_payload_as().unwrap();
     assert_eq!(body.max_version, tubeway_proto::PROTOCOL_VERSION);
     let w = ops::Welcome {
         version: 1,
-        capabilities: vec![],
+        capabilities,
         max_message_size,
         server: "fake".into(),
         connection_id: 7,
@@ -819,4 +823,52 @@ async fn oversized_request_to_a_worker_is_refused_and_the_connection_survives() 
     let r = peer.recv().await;
     assert_eq!(r.correlation_id, Some(small.id));
     assert_eq!(r.status(), ResponseStatus::Ok);
+}
+
+/// The broker may have taken a message for a poll just as its caller gave
+/// up: the client withdraws the poll, and offers such a message back to its
+/// queue rather than drop it.
+#[tokio::test]
+async fn a_message_for_a_withdrawn_poll_is_offered_back() {
+    let url = mem_url();
+    let mut listener = Listener::bind(&url).await.unwrap();
+    let url = url.to_string();
+    let (client, mut peer) = tokio::join!(AsyncClient::connect(&url), async {
+        let mut peer = accept(&mut listener).await;
+        welcome_with(&mut peer, 1 << 20, vec![ops::CAP_CANCEL.into()]).await;
+        peer
+    });
+    let client = client.unwrap();
+    let c = client.clone();
+    let poll = tokio::spawn(async move { c.poll("jobs", Duration::from_secs(60)).await });
+    let req = peer.recv().await;
+    assert_eq!(req.r#type, MessageType::Poll);
+    poll.abort();
+    let cancel = peer.recv().await;
+    assert_eq!(cancel.r#type, MessageType::Cancel);
+    assert_eq!(cancel.correlation_id, Some(req.id));
+    assert!(cancel.oneway);
+    // The answer had left the broker already.
+    let answer =
+        req.response(ResponseStatus::Ok)
+            .with_text("job 1", tubeway_proto::MIME_TEXT, "utf-8");
+    peer.send(&answer).await;
+    let back = peer.recv().await;
+    assert_eq!(back.r#type, MessageType::Offer);
+    assert_eq!(back.destination.as_deref(), Some("jobs"));
+    assert_eq!(back.text_payload().unwrap(), "job 1");
+    assert!(back.oneway);
+    assert_ne!(back.id, req.id);
+    // An empty answer to a withdrawn poll is simply dropped.
+    let c = client.clone();
+    let poll = tokio::spawn(async move { c.poll("jobs", Duration::from_secs(60)).await });
+    let req = peer.recv().await;
+    poll.abort();
+    assert_eq!(peer.recv().await.r#type, MessageType::Cancel);
+    peer.answer(&req, ResponseStatus::QueueEmpty).await;
+    let ping = tokio::spawn(async move { client.ping().await });
+    let next = peer.recv().await;
+    assert_eq!(next.r#type, MessageType::Ping, "nothing was offered back");
+    peer.answer(&next, ResponseStatus::Ok).await;
+    within(ping).await.unwrap().unwrap();
 }
