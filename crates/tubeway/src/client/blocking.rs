@@ -90,7 +90,7 @@ struct Driver {
     reader: Mutex<Option<Reader>>,
     /// Signalled when the reader is put back.
     reader_free: Notify,
-    conn: Mutex<Option<Arc<Conn>>>,
+    conn: OnceLock<Arc<Conn>>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -150,7 +150,7 @@ impl Driver {
             background: Mutex::default(),
             reader: Mutex::new(None),
             reader_free: Notify::new(),
-            conn: Mutex::new(None),
+            conn: OnceLock::new(),
         }))
     }
 
@@ -169,11 +169,7 @@ impl Driver {
 
     /// Whether the connection's writer has frames for its task to write.
     fn write_backlog(&self) -> bool {
-        self.conn
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .is_some_and(|c| c.write_backlog())
+        self.conn.get().is_some_and(|c| c.write_backlog())
     }
 
     /// Runs `f` to completion on this thread, running the connection's
@@ -406,7 +402,7 @@ impl Client {
         let exec = Exec::Own(driver.clone());
         let (inner, reader) = exec.block_on(AsyncClient::connect_parts(url, options))??;
         *driver.lock_reader() = Some(reader);
-        *driver.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(inner.conn_arc());
+        let _ = driver.conn.set(inner.conn_arc());
         Ok(Client { inner, exec })
     }
 
