@@ -2,17 +2,22 @@
 //! limit of the machine measured in the same run.
 //!
 //! One file per concern: [`args`] (options), [`transport`] (the transports,
-//! in one list), [`modes`] (what an operation is, one file per mode),
-//! [`target`] (the broker under test), [`runner`] and [`rate`] (closed and
-//! open loops), [`latency`] (histograms), [`bare`], [`socket`] and [`peer`]
-//! (the bare limits, with a child process at the far end), [`memory`] and
-//! [`idle`] (resident memory), [`figures`] and [`suite`] (what is measured
-//! in which order), [`report`], [`table`], [`plot`] (output), [`machine`],
-//! [`progress`] and [`child`] (child processes).
+//! in one list), [`wait`] (latency mode), [`modes`] (what an operation is,
+//! one file per mode), [`target`] (the broker under test), [`channel_peer`]
+//! (the echoing far end of channels), [`runner`], [`threads`] and [`rate`]
+//! (closed and open loops, on tasks or plain threads), [`latency`]
+//! (histograms), [`baselines`], [`bare`], [`socket`], [`shm`], [`fdpass`]
+//! and [`peer`] (the bare limits, with a child process at the far end),
+//! [`memory`] and [`idle`] (resident memory), [`figures`] and [`suite`]
+//! (what is measured in which order), [`report`], [`table`], [`plot`]
+//! (output), [`machine`], [`progress`] and [`child`] (child processes).
 
 mod args;
 mod bare;
+mod baselines;
+mod channel_peer;
 mod child;
+mod fdpass;
 mod figures;
 mod idle;
 mod latency;
@@ -25,11 +30,14 @@ mod progress;
 mod rate;
 mod report;
 mod runner;
+mod shm;
 mod socket;
 mod suite;
 mod table;
 mod target;
+mod threads;
 mod transport;
+mod wait;
 
 pub use args::{BenchArgs, PeerArgs, EXAMPLES, LONG_ABOUT};
 

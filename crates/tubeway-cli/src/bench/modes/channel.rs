@@ -1,0 +1,396 @@
+//! `channel`: a raw point-to-point channel (`tubeway::channel`), no broker.
+//!
+//! An operation is one message to the peer and back: the peer (a
+//! `bench-peer` child process, or a thread of this process for `mem`)
+//! echoes every message. Echo, not a one-way stream, because the issue's
+//! channel target is a round trip, and because it makes every channel figure
+//! comparable with the bare ping-pongs and with `echo` through the broker.
+//!
+//! One message in flight is a send and a receive on the lane's thread. With
+//! more in flight, a writer thread keeps that many messages ahead of the
+//! lane's thread, which receives the echoes; tokens in a bounded queue are
+//! the window. A fixed-rate run paces a writer thread by the schedule while
+//! another thread receives, so a late echo delays no send.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use tubeway::channel::{self, Duplex, Reader, Writer};
+
+use super::{ClientKind, Exchange, Lane, Mode, Setup, Tally, Workload};
+use crate::bench::latency;
+use crate::bench::rate::{wait_for, Schedule};
+use crate::bench::runner::{Count, RateOutcome, GRACE};
+use crate::bench::threads::off_runtime;
+
+/// The length prefix of a message on a stream channel (the bytes a bare
+/// socket ping-pong adds to the payload).
+const PREFIX: usize = 4;
+
+/// See the module.
+#[derive(Debug)]
+pub struct Channel;
+
+impl Mode for Channel {
+    fn name(&self) -> &'static str {
+        "channel"
+    }
+
+    fn about(&self) -> &'static str {
+        "point-to-point channel, no broker: the payload to a peer and back (echo)"
+    }
+
+    fn exchanges(&self, payload: usize) -> Vec<Exchange> {
+        vec![Exchange {
+            up: PREFIX + payload,
+            down: PREFIX + payload,
+        }]
+    }
+
+    fn needs_broker(&self) -> bool {
+        false
+    }
+
+    fn client(&self, _connections: usize, _in_flight: usize) -> ClientKind {
+        ClientKind::Channel
+    }
+
+    fn prepare<'a>(&'a self, setup: &'a Setup) -> BoxFuture<'a, anyhow::Result<Arc<dyn Workload>>> {
+        Box::pin(async move {
+            let (url, options, n) = (setup.url.clone(), setup.channel.clone(), setup.connections);
+            let duplexes = off_runtime("connecting channels", move || {
+                (0..n)
+                    .map(|_| channel::connect_with(&url, &options))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .await?
+            .with_context(|| format!("connecting to the channel peer at {}", setup.url))?;
+            let fifo_writers = match setup.url.parse::<tubeway::Url>() {
+                Ok(tubeway::Url::Fifo(path)) => (0..n)
+                    .map(|_| hold_fifo_open(&path))
+                    .collect::<std::io::Result<_>>()?,
+                _ => Vec::new(),
+            };
+            Ok(Arc::new(Channels {
+                slots: duplexes.into_iter().map(|d| Mutex::new(Some(d))).collect(),
+                payload: setup.payload.clone(),
+                in_flight: setup.in_flight.max(1),
+                _fifo_writers: fifo_writers,
+            }) as Arc<dyn Workload>)
+        })
+    }
+}
+
+/// Opens a write end of a fifo channel's `PATH.down` and holds it.
+///
+/// A connector reads `PATH.down` as soon as it has sent, possibly before
+/// the listener has opened the pipe for writing; a pipe with no writer
+/// reads as end of stream, which the channel reports as closed. With a
+/// writer of our own held open, the read waits for the listener instead.
+/// (The price: a peer that dies is noticed only by the run's deadline.)
+fn hold_fifo_open(path: &std::path::Path) -> std::io::Result<std::os::fd::OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    let mut down = path.as_os_str().to_owned();
+    down.push(".down");
+    let flags = OFlags::WRONLY | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    Ok(rustix::fs::open(
+        std::path::Path::new(&down),
+        flags,
+        Mode::empty(),
+    )?)
+}
+
+/// The channels of a figure. A lane takes its channel out of its slot for
+/// the run and puts it back when done.
+struct Channels {
+    slots: Vec<Mutex<Option<Duplex>>>,
+    payload: Bytes,
+    in_flight: usize,
+    /// For fifo channels: see [`hold_fifo_open`].
+    _fifo_writers: Vec<std::os::fd::OwnedFd>,
+}
+
+impl Channels {
+    fn take(&self, lane: usize) -> anyhow::Result<(&Mutex<Option<Duplex>>, Duplex)> {
+        let slot = super::pick(&self.slots, lane)?;
+        let duplex = slot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("channel {lane} is in use or broken"))?;
+        Ok((slot, duplex))
+    }
+}
+
+fn put_back(slot: &Mutex<Option<Duplex>>, duplex: Duplex) {
+    *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(duplex);
+}
+
+/// Receives one echo of `len` bytes before `give_up`.
+fn recv_echo(reader: &mut Reader, len: usize, give_up: Instant) -> anyhow::Result<()> {
+    let echo = reader
+        .recv_deadline(Some(give_up))?
+        .ok_or_else(|| anyhow::anyhow!("no echo from the channel peer in time"))?;
+    anyhow::ensure!(
+        echo.len() == len,
+        "the channel peer echoed {} bytes for {len}",
+        echo.len()
+    );
+    Ok(())
+}
+
+impl Workload for Channels {
+    fn client(&self) -> ClientKind {
+        ClientKind::Channel
+    }
+
+    fn lane(&self, lane: usize, give_up: Instant) -> anyhow::Result<Box<dyn Lane + '_>> {
+        let (slot, duplex) = self.take(lane)?;
+        if self.in_flight == 1 {
+            return Ok(Box::new(RoundTrips {
+                slot,
+                duplex: Some(duplex),
+                payload: &self.payload,
+                give_up,
+            }));
+        }
+        Ok(Box::new(Window::start(
+            slot,
+            duplex,
+            self.payload.clone(),
+            self.in_flight,
+            give_up,
+        )?))
+    }
+
+    fn fixed_rate(
+        &self,
+        rate: u64,
+        d: Duration,
+    ) -> Option<BoxFuture<'_, anyhow::Result<RateOutcome>>> {
+        Some(Box::pin(async move {
+            let (slot, duplex) = self.take(0)?;
+            let payload = self.payload.clone();
+            let (outcome, duplex) = off_runtime("a fixed-rate channel run", move || {
+                paced(duplex, payload, rate, d)
+            })
+            .await??;
+            put_back(slot, duplex);
+            Ok(outcome)
+        }))
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        // Dropping an end closes it; the peer's thread then ends.
+        for slot in &self.slots {
+            slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+        }
+        Box::pin(async {})
+    }
+}
+
+/// One message in flight: send, then receive its echo.
+struct RoundTrips<'a> {
+    slot: &'a Mutex<Option<Duplex>>,
+    duplex: Option<Duplex>,
+    payload: &'a [u8],
+    give_up: Instant,
+}
+
+impl Lane for RoundTrips<'_> {
+    fn op(&mut self) -> anyhow::Result<()> {
+        let d = self
+            .duplex
+            .as_mut()
+            .ok_or_else(|| anyhow::anyhow!("channel gone"))?;
+        d.writer
+            .send_vectored(&[self.payload], Some(self.give_up))?;
+        recv_echo(&mut d.reader, self.payload.len(), self.give_up)
+    }
+}
+
+impl Drop for RoundTrips<'_> {
+    fn drop(&mut self) {
+        if let Some(d) = self.duplex.take() {
+            put_back(self.slot, d);
+        }
+    }
+}
+
+/// Several messages in flight: a writer thread sends while the window
+/// has room; the lane's thread receives the echoes.
+struct Window<'a> {
+    slot: &'a Mutex<Option<Duplex>>,
+    reader: Option<Reader>,
+    writer: Option<JoinHandle<anyhow::Result<Writer>>>,
+    /// One token per message sent and not yet echoed; bounded by the window.
+    tokens: mpsc::Receiver<()>,
+    sent: Arc<AtomicU64>,
+    received: u64,
+    stop: Arc<AtomicBool>,
+    len: usize,
+    give_up: Instant,
+}
+
+impl<'a> Window<'a> {
+    fn start(
+        slot: &'a Mutex<Option<Duplex>>,
+        duplex: Duplex,
+        payload: Bytes,
+        window: usize,
+        give_up: Instant,
+    ) -> anyhow::Result<Window<'a>> {
+        let (mut writer, reader) = duplex.split();
+        let (tokens_tx, tokens) = mpsc::sync_channel(window);
+        let sent = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let len = payload.len();
+        let (sent_w, stop_w) = (sent.clone(), stop.clone());
+        let writer = std::thread::Builder::new()
+            .name("tubeway-bench-writer".into())
+            .spawn(move || {
+                // A token first: it blocks while the window is full.
+                while !stop_w.load(Ordering::Acquire) && tokens_tx.send(()).is_ok() {
+                    if stop_w.load(Ordering::Acquire) {
+                        break;
+                    }
+                    writer.send_vectored(&[&payload], Some(give_up))?;
+                    sent_w.fetch_add(1, Ordering::Release);
+                }
+                Ok(writer)
+            })?;
+        Ok(Window {
+            slot,
+            reader: Some(reader),
+            writer: Some(writer),
+            tokens,
+            sent,
+            received: 0,
+            stop,
+            len,
+            give_up,
+        })
+    }
+
+    fn recv_one(&mut self) -> anyhow::Result<()> {
+        let reader = self
+            .reader
+            .as_mut()
+            .ok_or_else(|| anyhow::anyhow!("channel gone"))?;
+        recv_echo(reader, self.len, self.give_up)?;
+        // The writer took a token before it sent this message.
+        let _ = self.tokens.try_recv();
+        self.received += 1;
+        Ok(())
+    }
+}
+
+impl Lane for Window<'_> {
+    fn op(&mut self) -> anyhow::Result<()> {
+        self.recv_one()
+    }
+
+    fn finish(&mut self) -> anyhow::Result<u64> {
+        self.stop.store(true, Ordering::Release);
+        let before = self.received;
+        // Every message sent is echoed before the writer may be joined.
+        loop {
+            if self.received < self.sent.load(Ordering::Acquire) {
+                self.recv_one()?;
+            } else if self.writer.as_ref().is_none_or(JoinHandle::is_finished) {
+                break;
+            } else {
+                anyhow::ensure!(
+                    Instant::now() < self.give_up,
+                    "the channel writer did not stop"
+                );
+                std::thread::yield_now();
+            }
+        }
+        if self.received < self.sent.load(Ordering::Acquire) {
+            self.recv_one()?;
+        }
+        let writer = self
+            .writer
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("channel writer gone"))?
+            .join()
+            .map_err(|_| anyhow::anyhow!("the channel writer panicked"))??;
+        if let Some(reader) = self.reader.take() {
+            put_back(self.slot, Duplex { writer, reader });
+        }
+        Ok(self.received - before)
+    }
+}
+
+impl Drop for Window<'_> {
+    fn drop(&mut self) {
+        // Only after a failure: the writer stops at its next message (its
+        // token queue is gone), and this channel is not used again.
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+/// Sends at `rate` for `d` from a writer thread, whatever the echoes do,
+/// and times each echo from its message's intended send time. Echoes come
+/// back in order, so the `i`-th echo answers message `i`.
+fn paced(
+    duplex: Duplex,
+    payload: Bytes,
+    rate: u64,
+    d: Duration,
+) -> anyhow::Result<(RateOutcome, Duplex)> {
+    let (mut writer, mut reader) = duplex.split();
+    let start = Instant::now();
+    let schedule = Schedule::new(start, rate, d);
+    let give_up = start + d + GRACE;
+    let len = payload.len();
+    let pacer = std::thread::Builder::new()
+        .name("tubeway-bench-pacer".into())
+        .spawn(move || {
+            let mut lag = Duration::ZERO;
+            for i in 0..schedule.total() {
+                loop {
+                    let now = Instant::now();
+                    if schedule.due_by(now) > i {
+                        lag = lag.max(now.saturating_duration_since(schedule.intended(i)));
+                        break;
+                    }
+                    wait_for(schedule.intended(i).saturating_duration_since(now));
+                }
+                writer.send_vectored(&[&payload], Some(give_up))?;
+            }
+            anyhow::Ok((writer, lag))
+        })?;
+    let mut hist = latency::histogram();
+    let mut received = 0;
+    let result = (|| {
+        for i in 0..schedule.total() {
+            recv_echo(&mut reader, len, give_up)?;
+            latency::record(&mut hist, schedule.intended(i).elapsed());
+            received += 1;
+        }
+        anyhow::Ok(())
+    })();
+    let secs = start.elapsed().as_secs_f64();
+    let (writer, lag) = pacer
+        .join()
+        .map_err(|_| anyhow::anyhow!("the pacer thread panicked"))??;
+    result?;
+    let outcome = RateOutcome {
+        count: Count {
+            ops: received,
+            secs,
+        },
+        tally: Tally::default(),
+        hist,
+        lag,
+    };
+    Ok((outcome, Duplex { writer, reader }))
+}
