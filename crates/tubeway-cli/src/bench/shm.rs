@@ -115,6 +115,15 @@ pub fn echo(pp: &PingPong, give_up: Instant) -> Result<(), TimedOut> {
     }
 }
 
+/// Posts [`STOP`] when dropped: the far end stops however the run ends.
+struct StopFarEnd<'a>(&'a PingPong);
+
+impl Drop for StopFarEnd<'_> {
+    fn drop(&mut self) {
+        self.0.post(Side::Creator, STOP);
+    }
+}
+
 /// Round trips with `payload` bytes each way (0: the bare cache-line
 /// ping-pong) for `d`, each timed into `hist` if given; then stops the far
 /// end. The payload is at most [`PingPong::MAX_PAYLOAD`].
@@ -124,6 +133,7 @@ pub fn round_trips(
     d: Duration,
     mut hist: Option<&mut Histogram<u64>>,
 ) -> anyhow::Result<Count> {
+    let _stop = StopFarEnd(pp);
     anyhow::ensure!(
         payload <= PingPong::MAX_PAYLOAD,
         "a ping-pong payload is at most {} bytes",
@@ -135,10 +145,7 @@ pub fn round_trips(
     let (end, give_up) = (start + d, start + d + GRACE);
     let mut seq = 0;
     let mut t0 = start;
-    let result = loop {
-        if t0 >= end {
-            break Ok(());
-        }
+    while t0 < end {
         seq += 1;
         if payload == 0 {
             pp.post(Side::Creator, seq);
@@ -147,24 +154,21 @@ pub fn round_trips(
             let _ = pp.post_payload(Side::Creator, seq, &sent);
         }
         if wait_yielding(pp, Side::Creator, seq, start, give_up).is_err() {
-            break Err(anyhow::anyhow!("the ping-pong peer stopped answering"));
+            anyhow::bail!("the ping-pong peer stopped answering");
         }
         if payload > 0 {
             let n = pp.read_payload(Side::Creator, &mut back);
-            if n != payload {
-                break Err(anyhow::anyhow!(
-                    "the ping-pong peer echoed {n} bytes for {payload}"
-                ));
-            }
+            anyhow::ensure!(
+                n == payload,
+                "the ping-pong peer echoed {n} bytes for {payload}"
+            );
         }
         let t1 = Instant::now();
         if let Some(h) = hist.as_deref_mut() {
             latency::record(h, t1 - t0);
         }
         t0 = t1;
-    };
-    pp.post(Side::Creator, STOP);
-    result?;
+    }
     Ok(Count {
         ops: seq,
         secs: t0.duration_since(start).as_secs_f64(),
@@ -185,8 +189,11 @@ mod tests {
             assert!(c.ops > 0 && c.secs >= 0.02, "{c:?}");
             assert_eq!(h.len(), c.ops);
         }
-        let pp = PingPong::heap().unwrap();
+        // Too large a payload fails at once, and the far end is stopped.
+        let mut far = Far::Thread;
+        let pp = far.open(Duration::from_secs(5)).unwrap();
         let too_big = PingPong::MAX_PAYLOAD + 1;
         assert!(round_trips(&pp, too_big, Duration::from_millis(5), None).is_err());
+        assert_eq!(pp.peer(Side::Opener), STOP);
     }
 }
