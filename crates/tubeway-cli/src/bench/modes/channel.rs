@@ -7,21 +7,20 @@
 //! comparable with the bare ping-pongs and with `echo` through the broker.
 //!
 //! One message in flight is a send and a receive on the lane's thread. With
-//! more in flight, a writer thread keeps that many messages ahead of the
-//! lane's thread, which receives the echoes; tokens in a bounded queue are
-//! the window. A fixed-rate run paces a writer thread by the schedule while
-//! another thread receives, so a late echo delays no send.
+//! more in flight, the same thread keeps the window full with `try_send`
+//! and receives the echoes (a writer thread of its own would add a third
+//! busy thread, and a wake-up whenever the window fills, which on a small
+//! machine costs more than it saves). A fixed-rate run paces a writer thread
+//! by the schedule while another thread receives, so a late echo delays no
+//! send.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use tubeway::channel::{self, Duplex, Reader, Writer};
+use tubeway::channel::{self, Duplex, Reader, SendError, TrySendError};
 
 use super::{ClientKind, Exchange, Lane, Mode, Setup, Tally, Workload};
 use crate::bench::latency;
@@ -32,6 +31,9 @@ use crate::bench::threads::off_runtime;
 /// The length prefix of a message on a stream channel (the bytes a bare
 /// socket ping-pong adds to the payload).
 const PREFIX: usize = 4;
+/// How long a stream window waits for an echo before it looks again at
+/// the rest of a message to write.
+const STREAM_SLICE: Duration = Duration::from_micros(200);
 
 /// See the module.
 #[derive(Debug)]
@@ -71,16 +73,22 @@ impl Mode for Channel {
             })
             .await?
             .with_context(|| format!("connecting to the channel peer at {}", setup.url))?;
-            let fifo_writers = match setup.url.parse::<tubeway::Url>() {
-                Ok(tubeway::Url::Fifo(path)) => (0..n)
-                    .map(|_| hold_fifo_open(&path))
+            let url: tubeway::Url = setup.url.parse()?;
+            let fifo_writers = match &url {
+                tubeway::Url::Fifo(path) => (0..n)
+                    .map(|_| hold_fifo_open(path))
                     .collect::<std::io::Result<_>>()?,
                 _ => Vec::new(),
             };
+            let stream = matches!(
+                url,
+                tubeway::Url::Tcp { .. } | tubeway::Url::Unix(_) | tubeway::Url::Fifo(_)
+            );
             Ok(Arc::new(Channels {
                 slots: duplexes.into_iter().map(|d| Mutex::new(Some(d))).collect(),
                 payload: setup.payload.clone(),
                 in_flight: setup.in_flight.max(1),
+                stream,
                 _fifo_writers: fifo_writers,
             }) as Arc<dyn Workload>)
         })
@@ -112,6 +120,8 @@ struct Channels {
     slots: Vec<Mutex<Option<Duplex>>>,
     payload: Bytes,
     in_flight: usize,
+    /// Whether the channels are byte streams (unix, tcp, fifo), not rings.
+    stream: bool,
     /// For fifo channels: see [`hold_fifo_open`].
     _fifo_writers: Vec<std::os::fd::OwnedFd>,
 }
@@ -160,13 +170,16 @@ impl Workload for Channels {
                 give_up,
             }));
         }
-        Ok(Box::new(Window::start(
+        Ok(Box::new(Window {
             slot,
-            duplex,
-            self.payload.clone(),
-            self.in_flight,
+            duplex: Some(duplex),
+            payload: &self.payload,
+            window: self.in_flight,
+            outstanding: 0,
+            stream: self.stream,
+            started: Instant::now(),
             give_up,
-        )?))
+        }))
     }
 
     fn fixed_rate(
@@ -223,117 +236,114 @@ impl Drop for RoundTrips<'_> {
     }
 }
 
-/// Several messages in flight: a writer thread sends while the window
-/// has room; the lane's thread receives the echoes.
+/// Several messages in flight, on the lane's thread alone: it tops the
+/// window up with `try_send` (which never waits), then receives one echo.
+/// It never blocks on a send while the peer may be blocked on an echo to
+/// it, so the two cannot wait for each other.
 struct Window<'a> {
     slot: &'a Mutex<Option<Duplex>>,
-    reader: Option<Reader>,
-    writer: Option<JoinHandle<anyhow::Result<Writer>>>,
-    /// One token per message sent and not yet echoed; bounded by the window.
-    tokens: mpsc::Receiver<()>,
-    sent: Arc<AtomicU64>,
-    received: u64,
-    stop: Arc<AtomicBool>,
-    len: usize,
+    duplex: Option<Duplex>,
+    payload: &'a [u8],
+    window: usize,
+    outstanding: usize,
+    /// A stream channel: `try_send` may take a message in part, and the
+    /// rest must go out before its echo can come back.
+    stream: bool,
+    /// When the lane started: a deadline already passed, for a flush that
+    /// must not wait.
+    started: Instant,
     give_up: Instant,
 }
 
-impl<'a> Window<'a> {
-    fn start(
-        slot: &'a Mutex<Option<Duplex>>,
-        duplex: Duplex,
-        payload: Bytes,
-        window: usize,
-        give_up: Instant,
-    ) -> anyhow::Result<Window<'a>> {
-        let (mut writer, reader) = duplex.split();
-        let (tokens_tx, tokens) = mpsc::sync_channel(window);
-        let sent = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let len = payload.len();
-        let (sent_w, stop_w) = (sent.clone(), stop.clone());
-        let writer = std::thread::Builder::new()
-            .name("tubeway-bench-writer".into())
-            .spawn(move || {
-                // A token first: it blocks while the window is full.
-                while !stop_w.load(Ordering::Acquire) && tokens_tx.send(()).is_ok() {
-                    if stop_w.load(Ordering::Acquire) {
-                        break;
-                    }
-                    writer.send_vectored(&[&payload], Some(give_up))?;
-                    sent_w.fetch_add(1, Ordering::Release);
+impl Window<'_> {
+    fn duplex(&mut self) -> anyhow::Result<&mut Duplex> {
+        self.duplex
+            .as_mut()
+            .ok_or_else(|| anyhow::anyhow!("channel gone"))
+    }
+
+    fn top_up(&mut self) -> anyhow::Result<()> {
+        let (payload, give_up) = (self.payload, self.give_up);
+        while self.outstanding < self.window {
+            let outstanding = self.outstanding;
+            let d = self.duplex()?;
+            match d.writer.try_send_vectored(&[payload]) {
+                Ok(()) => {}
+                Err(TrySendError::Full) => break,
+                // Larger than a ring's record: sent in fragments, waiting for
+                // room, only while no echo is on its way to block the peer.
+                Err(TrySendError::TooLarge { .. }) if outstanding == 0 => {
+                    d.writer.send_vectored(&[payload], Some(give_up))?;
                 }
-                Ok(writer)
-            })?;
-        Ok(Window {
-            slot,
-            reader: Some(reader),
-            writer: Some(writer),
-            tokens,
-            sent,
-            received: 0,
-            stop,
-            len,
-            give_up,
-        })
+                Err(TrySendError::TooLarge { .. }) => break,
+                Err(e) => return Err(e.into()),
+            }
+            self.outstanding += 1;
+        }
+        Ok(())
     }
 
     fn recv_one(&mut self) -> anyhow::Result<()> {
-        let reader = self
-            .reader
-            .as_mut()
-            .ok_or_else(|| anyhow::anyhow!("channel gone"))?;
-        recv_echo(reader, self.len, self.give_up)?;
-        // The writer took a token before it sent this message.
-        let _ = self.tokens.try_recv();
-        self.received += 1;
+        anyhow::ensure!(self.outstanding > 0, "no message in flight");
+        let (len, give_up, stream, past) =
+            (self.payload.len(), self.give_up, self.stream, self.started);
+        let d = self.duplex()?;
+        if !stream {
+            recv_echo(&mut d.reader, len, give_up)?;
+        } else {
+            // Writes what it can of the rest of a message taken in part
+            // (without waiting: the peer may be busy echoing to us), then
+            // waits a slice of time for an echo.
+            loop {
+                match d.writer.flush(Some(past)) {
+                    Ok(()) | Err(SendError::TimedOut) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                let soon = Instant::now() + STREAM_SLICE;
+                if let Some(echo) = d.reader.recv_deadline(Some(soon))? {
+                    anyhow::ensure!(
+                        echo.len() == len,
+                        "the channel peer echoed {} bytes for {len}",
+                        echo.len()
+                    );
+                    break;
+                }
+                anyhow::ensure!(
+                    Instant::now() < give_up,
+                    "no echo from the channel peer in time"
+                );
+            }
+        }
+        self.outstanding -= 1;
         Ok(())
     }
 }
 
 impl Lane for Window<'_> {
     fn op(&mut self) -> anyhow::Result<()> {
+        self.top_up()?;
         self.recv_one()
     }
 
     fn finish(&mut self) -> anyhow::Result<u64> {
-        self.stop.store(true, Ordering::Release);
-        let before = self.received;
-        // Every message sent is echoed before the writer may be joined.
-        loop {
-            if self.received < self.sent.load(Ordering::Acquire) {
-                self.recv_one()?;
-            } else if self.writer.as_ref().is_none_or(JoinHandle::is_finished) {
-                break;
-            } else {
-                anyhow::ensure!(
-                    Instant::now() < self.give_up,
-                    "the channel writer did not stop"
-                );
-                std::thread::yield_now();
-            }
-        }
-        if self.received < self.sent.load(Ordering::Acquire) {
+        let mut done = 0;
+        while self.outstanding > 0 {
             self.recv_one()?;
+            done += 1;
         }
-        let writer = self
-            .writer
-            .take()
-            .ok_or_else(|| anyhow::anyhow!("channel writer gone"))?
-            .join()
-            .map_err(|_| anyhow::anyhow!("the channel writer panicked"))??;
-        if let Some(reader) = self.reader.take() {
-            put_back(self.slot, Duplex { writer, reader });
-        }
-        Ok(self.received - before)
+        Ok(done)
     }
 }
 
 impl Drop for Window<'_> {
     fn drop(&mut self) {
-        // Only after a failure: the writer stops at its next message (its
-        // token queue is gone), and this channel is not used again.
-        self.stop.store(true, Ordering::Release);
+        // Echoes still on their way (after a failure) would confuse the
+        // next figure: only a drained channel goes back.
+        if let Some(d) = self.duplex.take() {
+            if self.outstanding == 0 {
+                put_back(self.slot, d);
+            }
+        }
     }
 }
 
