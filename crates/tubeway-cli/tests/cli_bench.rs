@@ -113,6 +113,8 @@ fn a_smoke_run_reports_every_figure_with_its_bare_limits() {
     assert!(num(&report["machine"]["nproc"]) >= 1.0);
     assert!(report["machine"]["load_before"].is_array());
     assert!(report["machine"]["load_after"].is_array());
+    let others = num(&report["machine"]["other_cpu"]);
+    assert!((0.0..=1.0).contains(&others), "{others}");
     assert_eq!(report["method"]["runs"], 2);
 
     for transport in ["mem", "unix"] {
@@ -306,6 +308,7 @@ fn the_table_is_for_people() {
     for expected in [
         "command:  tubeway bench --transport tcp",
         "method:   each figure warmed up for 20ms, then measured in 2 runs of 60ms",
+        "others:   other processes used",
         "== tcp echo:",
         "== tcp queue:",
         "== tcp oneway:",
