@@ -1,6 +1,9 @@
-//! `tubeway bench` end to end: a smoke run of the real binary (so the
-//! benchmark never rots), its JSON checked for every figure and sane
-//! values; the table and the plot; bad options; a broker that dies mid-run.
+//! `tubeway bench` end to end: smoke runs of the real binary (so the
+//! benchmark never rots), their JSON checked for every figure and sane
+//! values: sockets and the in-process transport; shared memory with its
+//! bare ping-pongs and the channel mode over shm and fifo; latency mode set
+//! against the default; the table and the plot; bad options; a broker that
+//! dies mid-run.
 
 mod common;
 
@@ -26,6 +29,12 @@ const TINY: [&str; 14] = [
     "--subscribers",
     "2",
 ];
+
+/// Runs `cmd` (a `bench --json`), which must succeed, and parses its report.
+fn report_of(cmd: &mut std::process::Command) -> Value {
+    let out = run(cmd);
+    serde_json::from_str(out.ok()).expect("one JSON document")
+}
 
 fn num(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
@@ -104,6 +113,8 @@ fn a_smoke_run_reports_every_figure_with_its_bare_limits() {
     assert!(num(&report["machine"]["nproc"]) >= 1.0);
     assert!(report["machine"]["load_before"].is_array());
     assert!(report["machine"]["load_after"].is_array());
+    let others = num(&report["machine"]["other_cpu"]);
+    assert!((0.0..=1.0).contains(&others), "{others}");
     assert_eq!(report["method"]["runs"], 2);
 
     for transport in ["mem", "unix"] {
@@ -115,6 +126,8 @@ fn a_smoke_run_reports_every_figure_with_its_bare_limits() {
                 assert!(num(&f["msgs_per_sec"]["median"]) > 0.0, "{f}");
                 assert!(num(&f["mb_per_sec"]["median"]) > 0.0, "{f}");
                 assert_eq!(f["msgs_per_sec"]["runs"].as_array().unwrap().len(), 2);
+                // One in flight: the blocking client.
+                assert_eq!(f["client"], "blocking", "{f}");
                 let memcpy = baseline(f, "memcpy");
                 assert!(num(&memcpy["ratio"]) > 0.0, "{f}");
                 if transport == "unix" {
@@ -131,11 +144,19 @@ fn a_smoke_run_reports_every_figure_with_its_bare_limits() {
                     .iter()
                     .all(|f| num(&f["msgs_per_sec"]["median"]) > 0.0));
                 assert!(num(&sweep[1]["baselines"][0]["ratio"]) > 0.0, "{group}");
+                // Pipelined: the async client.
+                assert_eq!(sweep[1]["client"], "async", "{group}");
             }
             let rtt = figures(s, "round-trip");
             check_latency(&rtt[0]["latency"]["median"]);
+            assert_eq!(rtt[0]["client"], "blocking");
+            assert_eq!(s["wait"], "default");
             if transport == "unix" {
                 assert!(num(&baseline(rtt[0], "bare socket ping-pong")["ratio"]) > 0.0);
+            } else {
+                // In one process: the ping-pongs between two threads.
+                let pp = baseline(rtt[0], "shared-memory ping-pong, 64 B payload, two threads");
+                assert!(num(&pp["ratio"]) > 0.0, "{pp}");
             }
             let rate = figures(s, "rate");
             let l = &rate[0]["latency"];
@@ -171,17 +192,109 @@ fn a_smoke_run_reports_every_figure_with_its_bare_limits() {
         } else {
             assert!(memory[0]["memory"].is_null());
         }
-        // The slot for the shared-memory ping-pong is there, measured or not.
-        assert!(limits["figures"]
+        // The shared-memory ping-pongs are limits of the in-process transport only.
+        let shm_limits = limits["figures"]
             .as_array()
             .unwrap()
             .iter()
-            .any(|f| f["label"].as_str().unwrap().starts_with("shared-memory")));
+            .filter(|f| f["label"].as_str().unwrap().starts_with("shared-memory"))
+            .count();
+        assert_eq!(shm_limits, if transport == "mem" { 2 } else { 0 });
     }
 
     let svg = std::fs::read_to_string(&plot).expect("the plot was written");
     assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(100)]);
     assert!(svg.contains("unix call"), "the legend names the series");
+}
+
+#[test]
+fn shared_memory_and_channels_are_set_beside_the_bare_ping_pongs() {
+    let mut cmd = tubeway();
+    cmd.args(["bench", "--json", "--transport", "shm,fifo"])
+        .args(["--mode", "call,channel", "--payload", "64B"])
+        .args(["--figures", "size,in-flight,round-trip,rate"])
+        .args(["--in-flight", "1,4"])
+        .args(TINY);
+    let report = report_of(&mut cmd);
+
+    // Through the broker over shm: both ping-pongs beside the figure; one
+    // in flight is the blocking client.
+    let call = section(&report, "shm", Some("call"));
+    let sizes = figures(call, "size");
+    for f in &sizes {
+        assert!(num(&f["msgs_per_sec"]["median"]) > 0.0, "{f}");
+        let line = baseline(f, "shared-memory cache-line ping-pong, two processes");
+        assert!(num(&line["ratio"]) > 0.0, "{f}");
+        assert!(num(&f["rss"]["broker_kib"]) > 0.0, "{f}");
+    }
+    assert!(num(&baseline(sizes[0], "shared-memory ping-pong, 64 B payload")["ratio"]) > 0.0);
+    let rtt = figures(call, "round-trip");
+    assert_eq!(rtt[0]["client"], "blocking");
+    assert!(num(&baseline(rtt[0], "shared-memory ping-pong, 64 B payload")["ratio"]) > 0.0);
+    // The limits: both ping-pongs, with round-trip percentiles.
+    let limits = section(&report, "shm", None);
+    for label in [
+        "shared-memory cache-line ping-pong, two processes",
+        "shared-memory ping-pong, 64 B payload, two processes",
+    ] {
+        let f = limits["figures"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["label"] == label)
+            .unwrap_or_else(|| panic!("no {label} in {limits}"));
+        check_latency(&f["latency"]["median"]);
+        assert!(num(&f["msgs_per_sec"]["median"]) > 0.0, "{f}");
+    }
+
+    // Channels over shm and over named pipes: echoes, every figure.
+    for transport in ["shm", "fifo"] {
+        let s = section(&report, transport, Some("channel"));
+        assert_eq!(s["brokered"], false);
+        for f in figures(s, "size") {
+            assert!(num(&f["mb_per_sec"]["median"]) > 0.0, "{f}");
+            assert_eq!(f["client"], "channel");
+        }
+        let window = figures(s, "in-flight");
+        assert!(num(&window[1]["msgs_per_sec"]["median"]) > 0.0, "{s}");
+        check_latency(&figures(s, "round-trip")[0]["latency"]["median"]);
+        let rate = &figures(s, "rate")[0]["latency"];
+        check_latency(&rate["median"]);
+        assert!(num(&rate["achieved_rate"]) > 0.0, "{rate}");
+    }
+    let rtt = figures(section(&report, "shm", Some("channel")), "round-trip");
+    assert!(num(&baseline(rtt[0], "shared-memory ping-pong, 64 B payload")["ratio"]) > 0.0);
+    // fifo carries channels only: no broker section.
+    assert!(report["sections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| s["transport"] != "fifo" || s["mode"] != "call"));
+}
+
+#[test]
+fn latency_mode_is_set_beside_the_default_wait() {
+    let mut cmd = tubeway();
+    cmd.args(["bench", "--json", "--transport", "unix"])
+        .args(["--mode", "call,channel", "--figures", "round-trip"])
+        .args(["--wait", "default,spin-park:100us"])
+        .args(TINY);
+    let report = report_of(&mut cmd);
+    for mode in ["call", "channel"] {
+        let spinning = report["sections"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["mode"] == mode && s["wait"] == "spin-park:100us")
+            .unwrap_or_else(|| panic!("no latency-mode {mode} section"));
+        let rtt = figures(spinning, "round-trip");
+        check_latency(&rtt[0]["latency"]["median"]);
+        // The bare floor polls too, and the default mode is beside it.
+        assert!(
+            num(&baseline(rtt[0], "bare socket ping-pong, same bytes, polling")["ratio"]) > 0.0
+        );
+        assert!(num(&baseline(rtt[0], "p50 with the default wait")["ratio"]) > 0.0);
+    }
 }
 
 #[test]
@@ -195,6 +308,7 @@ fn the_table_is_for_people() {
     for expected in [
         "command:  tubeway bench --transport tcp",
         "method:   each figure warmed up for 20ms, then measured in 2 runs of 60ms",
+        "others:   other processes used",
         "== tcp echo:",
         "== tcp queue:",
         "== tcp oneway:",
@@ -222,8 +336,7 @@ fn a_running_broker_is_benched_within_its_limits() {
     cmd.args(["bench", "--json", "--url", &server.tcp, "--mode", "echo"])
         .args(["--figures", "size,memory", "--payload", "64B,30MB"])
         .args(TINY);
-    let out = run(&mut cmd);
-    let report: Value = serde_json::from_str(out.ok()).expect("JSON");
+    let report = report_of(&mut cmd);
     let s = section(&report, "tcp", Some("echo"));
     assert!(s["broker"].as_str().unwrap().contains("--url"), "{s}");
     let sizes = figures(s, "size");

@@ -336,3 +336,17 @@ impl From<ReadError> for ReadMessageError {
 #[error("timed out waiting for the peer")]
 #[non_exhaustive]
 pub struct TimedOut;
+
+/// Why [`PingPong::post_payload`](crate::PingPong::post_payload) posted nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PostError {
+    /// The payload is longer than a side's line holds.
+    #[error("ping-pong payload of {len} bytes is larger than the {max} bytes a line holds")]
+    TooLarge {
+        /// The payload's length.
+        len: usize,
+        /// [`PingPong::MAX_PAYLOAD`](crate::PingPong::MAX_PAYLOAD).
+        max: usize,
+    },
+}

@@ -161,7 +161,8 @@ impl RingHeader {
 // SAFETY: repr(C), only atomics and padding (see the trait for loom).
 unsafe impl SharedLayout for RingHeader {}
 
-/// The bare ping-pong layout: two sequence numbers on lines of their own.
+/// The bare ping-pong layout: two sequence numbers (each with room for a
+/// small payload) on lines of their own.
 #[repr(C, align(128))]
 #[derive(Debug)]
 pub(crate) struct PingPongLayout {
@@ -175,12 +176,33 @@ pub(crate) struct PingPongLayout {
     pub posted: [SeqLine; 2],
 }
 
-/// One sequence number alone on its line.
+/// Words of payload a [`SeqLine`] holds after its number and length.
+pub(crate) const PINGPONG_PAYLOAD_WORDS: usize = 14;
+
+/// One side's line: its sequence number, then the payload posted with it.
 #[repr(C, align(128))]
 #[derive(Debug)]
 pub(crate) struct SeqLine {
     /// The last number posted by this line's owner.
     pub seq: StdAtomicU64,
+    /// Bytes of `payload` posted with `seq` (0 for a bare number).
+    pub len: StdAtomicU32,
+    /// Zero.
+    pub reserved: StdAtomicU32,
+    /// The payload, in native-endian words; the rest of the last word is zero.
+    pub payload: [StdAtomicU64; PINGPONG_PAYLOAD_WORDS],
+}
+
+impl SeqLine {
+    /// A line with nothing posted.
+    pub(crate) fn new() -> SeqLine {
+        SeqLine {
+            seq: StdAtomicU64::new(0),
+            len: StdAtomicU32::new(0),
+            reserved: StdAtomicU32::new(0),
+            payload: std::array::from_fn(|_| StdAtomicU64::new(0)),
+        }
+    }
 }
 
 // SAFETY: repr(C), only atomics and padding.
@@ -271,6 +293,10 @@ const _: () = {
     assert!(offset_of!(PingPongLayout, version) == 8);
     assert!(offset_of!(PingPongLayout, posted) == LINE);
     assert!(size_of::<SeqLine>() == LINE);
+    assert!(offset_of!(SeqLine, seq) == 0);
+    assert!(offset_of!(SeqLine, len) == 8);
+    assert!(offset_of!(SeqLine, reserved) == 12);
+    assert!(offset_of!(SeqLine, payload) == 16);
 };
 
 #[cfg(not(loom))]

@@ -60,8 +60,8 @@ mod tests;
 
 pub use consumer::{Consumer, Record};
 pub use error::{
-    ConfigError, Corrupt, CreateError, EndsError, OpenError, ReadError, ReadMessageError, TimedOut,
-    TryReadError, TryWriteError, WriteMessageError, WriteSomeError,
+    ConfigError, Corrupt, CreateError, EndsError, OpenError, PostError, ReadError,
+    ReadMessageError, TimedOut, TryReadError, TryWriteError, WriteMessageError, WriteSomeError,
 };
 pub use pingpong::PingPong;
 pub use producer::Producer;

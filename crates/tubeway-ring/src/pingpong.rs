@@ -5,14 +5,21 @@
 //! each side. A round trip is: post `n`, spin until the peer's number is
 //! `n`. Each one-way trip is then exactly one cache-line transfer between
 //! cores, the least any shared-memory transport can cost.
+//!
+//! A side may post a small payload with its number (up to
+//! [`PingPong::MAX_PAYLOAD`] bytes, the rest of its line), which the peer
+//! copies out once it sees the number: the least a transport can cost for a
+//! message of that size, a copy in and a copy out included.
 
 use std::mem::size_of;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use crate::error::{CreateError, OpenError, TimedOut};
-use crate::layout::{PingPongLayout, SeqLine, LAYOUT_VERSION, PINGPONG_MAGIC};
+use crate::error::{CreateError, OpenError, PostError, TimedOut};
+use crate::layout::{
+    PingPongLayout, SeqLine, LAYOUT_VERSION, PINGPONG_MAGIC, PINGPONG_PAYLOAD_WORDS,
+};
 use crate::region::Side;
 use crate::shm::Mapping;
 
@@ -32,6 +39,10 @@ pub struct PingPong {
 }
 
 impl PingPong {
+    /// The largest payload a side posts with its number: the 112 bytes of
+    /// its line after the number and the length.
+    pub const MAX_PAYLOAD: usize = PINGPONG_PAYLOAD_WORDS * 8;
+
     /// Creates one in a new sealed memfd, to pass to another process.
     pub fn create() -> Result<PingPong, CreateError> {
         PingPong::init(Mapping::create_memfd("tubeway-pingpong", PAGE)?)
@@ -47,7 +58,7 @@ impl PingPong {
             magic: PINGPONG_MAGIC.into(),
             version: LAYOUT_VERSION.into(),
             reserved: 0.into(),
-            posted: [SeqLine { seq: 0.into() }, SeqLine { seq: 0.into() }],
+            posted: [SeqLine::new(), SeqLine::new()],
         };
         // A page always holds the layout (asserted in layout.rs).
         if !map.init(0, layout) {
@@ -127,5 +138,53 @@ impl PingPong {
                 return Err(TimedOut);
             }
         }
+    }
+
+    /// Posts `seq` with `payload` as `side`'s number: the payload first,
+    /// then the number (Release), so a peer that sees the number sees the
+    /// payload. Fails, posting nothing, if the payload is longer than
+    /// [`MAX_PAYLOAD`](Self::MAX_PAYLOAD).
+    pub fn post_payload(&self, side: Side, seq: u64, payload: &[u8]) -> Result<(), PostError> {
+        let len = u32::try_from(payload.len())
+            .ok()
+            .filter(|_| payload.len() <= Self::MAX_PAYLOAD)
+            .ok_or(PostError::TooLarge {
+                len: payload.len(),
+                max: Self::MAX_PAYLOAD,
+            })?;
+        let line = side.of(&self.layout().posted);
+        // Words, not bytes: every access to shared memory is atomic, and a
+        // word at a time is as fast as a byte copy.
+        for (word, chunk) in line.payload.iter().zip(payload.chunks(8)) {
+            let mut bytes = [0u8; 8];
+            if let Some(head) = bytes.get_mut(..chunk.len()) {
+                head.copy_from_slice(chunk);
+            }
+            word.store(u64::from_ne_bytes(bytes), Ordering::Relaxed);
+        }
+        line.len.store(len, Ordering::Relaxed);
+        line.seq.store(seq, Ordering::Release);
+        Ok(())
+    }
+
+    /// Copies the payload that the peer of `side` posted with its number
+    /// into `out`, and returns its length (at most `out.len()`). Call it
+    /// after [`wait`](Self::wait) has seen the number: the peer does not
+    /// write its line again before this side posts.
+    pub fn read_payload(&self, side: Side, out: &mut [u8]) -> usize {
+        let line = side.peer().of(&self.layout().posted);
+        // The peer's word: clamped, never trusted as a length.
+        let len = usize::try_from(line.len.load(Ordering::Relaxed))
+            .unwrap_or(usize::MAX)
+            .min(Self::MAX_PAYLOAD)
+            .min(out.len());
+        let out = out.get_mut(..len).unwrap_or_default();
+        for (chunk, word) in out.chunks_mut(8).zip(&line.payload) {
+            let bytes = word.load(Ordering::Relaxed).to_ne_bytes();
+            if let Some(head) = bytes.get(..chunk.len()) {
+                chunk.copy_from_slice(head);
+            }
+        }
+        len
     }
 }

@@ -7,6 +7,7 @@ use clap::{Args, ValueEnum};
 
 use super::modes::{self, Mode};
 use super::transport::{parse_transport, Transport};
+use super::wait::{parse_wait, Wait};
 use crate::cli::{parse_duration, parse_positive_duration, parse_size, UsageError};
 
 /// Payload sizes of the size sweep when none are given.
@@ -40,14 +41,22 @@ broker; the broker's memory idle and per idle connection.
 
 Beside each figure stands the bare limit measured in the same run, and the
 ratio to it: a std socket ping-pong moving the same bytes between two
-processes, bare socket streaming, memcpy bandwidth (and, with the
-shared-memory transport, a cache-line ping-pong between two processes).
+processes, bare socket streaming, memcpy bandwidth; with shared memory, a
+cache-line ping-pong and a ping-pong with a small payload between two
+processes.
+
+One operation in flight is measured with the blocking tubeway::Client (it
+drives its connection from the calling thread); anything pipelined with the
+AsyncClient. The report names the client of each figure.
 
 Every figure is warmed up, then measured --runs times; the report shows the
 median with the min-max across runs, because a shared machine is noisy.
 
 The broker under test is a `tubeway server` child process (mem: inside this
-process), or the one at --url.
+process), or the one at --url. --wait STRATEGY applies a wait strategy to
+every side (clients, broker, channels, the bare ping-pong); a list such as
+--wait default,busy-spin measures each in turn and relates the round trips
+of latency mode to the default ones.
 
 Modes:
   call     a function call through the broker; the built-in `ack` answers an empty ok
@@ -55,7 +64,9 @@ Modes:
   oneway   a oneway call to `ack`: no response; counted once the broker has read it
   queue    an offer, then a poll of that queue by another connection
   publish  a publish to a topic with --subscribers subscribers on their own
-           connections; every delivery and every drop is counted";
+           connections; every delivery and every drop is counted
+  channel  a raw point-to-point channel, no broker: the payload to a peer
+           process and back; also over fifo (named pipes)";
 
 /// `tubeway bench --help`: examples.
 pub const EXAMPLES: &str = "\
@@ -64,6 +75,8 @@ Examples:
   tubeway bench --quick                           # a few seconds
   tubeway bench --transport tcp --mode call,echo --payload 64B,5KB,5MB
   tubeway bench --mode publish --subscribers 4 --figures size,round-trip
+  tubeway bench --mode channel --transport shm,unix,fifo --wait busy-spin
+  tubeway bench --transport unix,tcp --figures round-trip --wait default,busy-spin
   tubeway bench --rate 50000 --latency-duration 1m --figures rate
   tubeway bench --url unix:///tmp/tubeway.sock --json > bench.json
   tubeway bench --plot bench.svg";
@@ -94,7 +107,8 @@ pub struct BenchArgs {
           conflicts_with = "url")]
     pub transport: Vec<Transport>,
 
-    /// Modes to measure, a comma list of call, echo, oneway, queue, publish, or `all`.
+    /// Modes to measure, a comma list of call, echo, oneway, queue, publish,
+    /// channel, or `all`.
     #[arg(
         long,
         value_name = "LIST",
@@ -160,6 +174,12 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub idle_connections: Option<u64>,
 
+    /// How every side waits, a comma list measured in turn: default (each
+    /// transport's own), park, busy-spin, spin-yield[:D], spin-park[:D].
+    /// Spinning strategies are latency mode.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_wait)]
+    pub wait: Vec<Wait>,
+
     /// Bench the broker already running at this URL instead of starting one.
     #[arg(long, value_name = "URL")]
     pub url: Option<String>,
@@ -185,12 +205,27 @@ pub struct BenchArgs {
     pub plot: Option<PathBuf>,
 }
 
-/// The hidden `tubeway bench-peer`: the far end of the bare socket limits.
+/// The hidden `tubeway bench-peer`: the far end of the bare limits, or of
+/// the channels of `--mode channel`.
 #[derive(Debug, Args)]
 pub struct PeerArgs {
-    /// Where to listen: tcp://127.0.0.1:0 or unix:///path.
+    /// Where to listen: tcp://127.0.0.1:0 or unix:///path (with --channel,
+    /// any channel address).
     #[arg(long, value_name = "URL")]
     pub listen: String,
+
+    /// Echo every message of every channel accepted, instead of serving
+    /// the bare limits.
+    #[arg(long)]
+    pub channel: bool,
+
+    /// How the channel ends wait (default: the transport's).
+    #[arg(long, value_name = "STRATEGY")]
+    pub wait: Option<tubeway::WaitStrategy>,
+
+    /// The largest message a channel end accepts.
+    #[arg(long, value_name = "BYTES", default_value_t = tubeway::channel::DEFAULT_MAX_MESSAGE)]
+    pub max_message_size: usize,
 }
 
 /// Everything a bench run needs, defaults resolved.
@@ -198,6 +233,8 @@ pub struct PeerArgs {
 pub struct Settings {
     /// Transports, in report order.
     pub transports: Vec<Transport>,
+    /// Ways of waiting, one pass each, in order.
+    pub waits: Vec<Wait>,
     /// Modes, in report order.
     pub modes: Vec<&'static dyn Mode>,
     /// Figure groups to measure.
@@ -236,7 +273,13 @@ impl Settings {
     /// Resolves `args`, or explains in one line what is wrong with them.
     pub fn resolve(args: &BenchArgs) -> Result<Settings, UsageError> {
         let quick = args.quick;
+        let modes = modes::parse_list(&args.mode)?;
+        let channel = modes.iter().any(|m| !m.needs_broker());
         let transports = match &args.url {
+            Some(_) if channel => return Err(UsageError(
+                "--mode channel measures channels to a peer the bench starts; it takes no --url"
+                    .into(),
+            )),
             Some(url) => {
                 let t = Transport::of_url(url)
                     .filter(|t| t.is_available())
@@ -248,9 +291,17 @@ impl Settings {
                 }
                 vec![t]
             }
-            None if args.transport.is_empty() => Transport::available(),
+            None if args.transport.is_empty() => Transport::available()
+                .into_iter()
+                .filter(|t| t.brokered() || channel)
+                .collect(),
             None => dedup(args.transport.clone()),
         };
+        if let Some(t) = transports.iter().find(|t| !t.brokered() && !channel) {
+            return Err(UsageError(format!(
+                "{t} carries channels only: measure it with --mode channel"
+            )));
+        }
         let payloads = pick(
             &args.payload,
             &DEFAULT_PAYLOADS,
@@ -280,7 +331,12 @@ impl Settings {
         };
         Ok(Settings {
             transports,
-            modes: modes::parse_list(&args.mode)?,
+            waits: if args.wait.is_empty() {
+                vec![Wait::DEFAULT]
+            } else {
+                dedup(args.wait.clone())
+            },
+            modes,
             groups,
             payloads,
             connections: counts(&connections),
@@ -398,10 +454,21 @@ mod tests {
         assert_eq!(s.latency_duration, Duration::from_secs(30));
         assert_eq!(s.runs, 3);
         assert_eq!(s.duration, Duration::from_millis(500));
-        assert_eq!(s.transports, Transport::available());
+        let brokered: Vec<Transport> = Transport::available()
+            .into_iter()
+            .filter(|t| t.brokered())
+            .collect();
+        assert_eq!(s.transports, brokered);
         assert_eq!(s.modes.len(), 1);
         assert_eq!(s.modes[0].name(), "call");
         assert_eq!(s.largest_payload(), 200_000_000);
+        assert_eq!(s.waits, [Wait::DEFAULT]);
+        // fifo carries channels only: not in the default list of a broker mode.
+        assert!(!s.transports.contains(&Transport::Fifo));
+        let c = settings(&["--mode", "channel", "--wait", "default,busy-spin"]).unwrap();
+        assert!(c.transports.contains(&Transport::Fifo));
+        assert_eq!(c.waits.len(), 2);
+        assert!(c.waits[1].spins());
     }
 
     #[test]
@@ -450,6 +517,9 @@ mod tests {
                 &["--url", "tcp://h:1", "--transport", "tcp"],
                 "cannot be used",
             ),
+            (&["--transport", "fifo"], "channels only"),
+            (&["--mode", "channel", "--url", "tcp://h:1"], "no --url"),
+            (&["--wait", "nap"], "bad wait strategy"),
         ] {
             let err = settings(args).expect_err(expect);
             assert!(err.contains(expect), "{args:?}: {err}");

@@ -1,17 +1,20 @@
 //! The bare limits, measured from the bench's side: a std socket ping-pong
-//! and streaming against a `bench-peer` child process, and memcpy.
+//! and streaming against a `bench-peer` child process, and memcpy. (The
+//! shared-memory ping-pongs are in `shm`.)
 
 use std::hint::black_box;
 use std::io::{Read, Write};
+use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
 use super::child::{ChildError, ChildProc};
+use super::fdpass::send_with_fd;
 use super::latency;
 use super::modes::Exchange;
-use super::runner::Count;
+use super::runner::{Count, GRACE};
 use super::socket::{Request, Stream};
 use super::transport::Transport;
 
@@ -25,13 +28,30 @@ pub struct Peer {
 }
 
 impl Peer {
-    /// Starts a peer listening on a fresh address of `transport`.
+    /// Starts a peer listening on a fresh address of `transport`; for shared
+    /// memory, on a Unix socket that takes the ping-pongs' descriptors.
     pub fn start(transport: Transport, dir: &Path) -> Result<Peer, ChildError> {
-        let listen = transport.listen_url(dir, "bare");
+        let listen = match transport {
+            Transport::Shm => Transport::Unix.listen_url(dir, "bare-shm"),
+            _ => transport.listen_url(dir, "bare"),
+        };
         let cmd = ChildProc::command(&["bench-peer".into(), "--listen".into(), listen])?;
         Ok(Peer {
             proc: ChildProc::start(cmd, &format!("bare {transport} peer process"))?,
         })
+    }
+
+    /// Sends `request` with `fd` over a new Unix connection, and waits for
+    /// the peer's one-byte answer that it took them.
+    pub fn open_with_fd(&mut self, request: &Request, fd: BorrowedFd<'_>) -> anyhow::Result<()> {
+        self.proc.check()?;
+        let Stream::Unix(s) = Stream::connect(self.proc.url())? else {
+            anyhow::bail!("descriptors travel over Unix sockets only");
+        };
+        send_with_fd(&s, &request.encode(), fd)?;
+        let mut ok = [0u8; 1];
+        (&s).read_exact(&mut ok)?;
+        Ok(())
     }
 
     /// A new connection asking for `request`.
@@ -53,39 +73,49 @@ impl Peer {
     }
 }
 
-/// The ping-pong request matching a mode's exchanges; `None` when nothing
-/// comes back (that is bare streaming).
-pub fn ping_pong_request(exchanges: &[Exchange]) -> Option<Request> {
+/// The ping-pong request matching a mode's exchanges, polling or not;
+/// `None` when nothing comes back (that is bare streaming).
+pub fn ping_pong_request(exchanges: &[Exchange], poll: bool) -> Option<Request> {
     if exchanges.iter().any(|e| e.down == 0) {
         return None;
     }
-    Some(Request::PingPong(
-        exchanges
+    Some(Request::PingPong {
+        exchanges: exchanges
             .iter()
             .map(|e| (e.up as u64, e.down as u64))
             .collect(),
-    ))
+        poll,
+    })
 }
 
 /// Ping-pongs on `s` for `d`: one operation is one pass through
-/// `exchanges`. Records each operation's time in `hist` if given.
+/// `exchanges`. Records each operation's time in `hist` if given. With
+/// `poll`, the socket is non-blocking and polled (latency mode's floor).
 pub fn ping_pong(
     s: &mut Stream,
     exchanges: &[Exchange],
     d: Duration,
+    poll: bool,
     mut hist: Option<&mut Histogram<u64>>,
 ) -> std::io::Result<Count> {
     let mut bufs: Vec<(Vec<u8>, Vec<u8>)> = exchanges
         .iter()
         .map(|e| (vec![0x5au8; e.up], vec![0u8; e.down]))
         .collect();
+    s.set_nonblocking(poll)?;
     let start = Instant::now();
+    let give_up = start + d + GRACE;
     let mut ops = 0u64;
     loop {
         let t0 = Instant::now();
         for (req, answer) in &mut bufs {
-            s.write_all(black_box(req))?;
-            s.read_exact(answer)?;
+            if poll {
+                s.poll_write_all(black_box(req), give_up)?;
+                s.poll_read_exact(answer, give_up)?;
+            } else {
+                s.write_all(black_box(req))?;
+                s.read_exact(answer)?;
+            }
             black_box(&answer);
         }
         if let Some(h) = hist.as_deref_mut() {
@@ -151,10 +181,14 @@ mod tests {
     fn requests_follow_the_exchanges() {
         let x = [Exchange { up: 100, down: 59 }];
         assert_eq!(
-            ping_pong_request(&x),
-            Some(Request::PingPong(vec![(100, 59)]))
+            ping_pong_request(&x, true),
+            Some(Request::PingPong {
+                exchanges: vec![(100, 59)],
+                poll: true
+            })
         );
-        assert_eq!(ping_pong_request(&[Exchange { up: 100, down: 0 }]), None);
+        let oneway = [Exchange { up: 100, down: 0 }];
+        assert_eq!(ping_pong_request(&oneway, false), None);
     }
 
     #[test]

@@ -2,44 +2,55 @@
 //! `runs` times with its bare limits measured in the same runs,
 //! interleaved, so that noise hits both sides of each ratio.
 
+use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
+use tubeway::channel::ChannelOptions;
+use tubeway::ClientOptions;
 
 use super::args::{Group, Settings};
-use super::bare::{self, Peer, STREAM_CHUNK};
+use super::bare::{self, Peer};
+use super::baselines::BareRuns;
+use super::channel_peer::ChannelPeer;
 use super::latency::{self, Latency};
 use super::memory::Proc;
-use super::modes::{Exchange, Mode, Setup, Workload};
+use super::modes::{Mode, Setup, Workload};
 use super::progress::Progress;
 use super::report::{Baseline, Figure, LatencyFigure, Rss, Stat};
-use super::runner::{self, Count};
-use super::socket::Request;
+use super::runner;
+use super::shm::Far;
 use super::target::Target;
-use super::transport::BareKind;
+use super::transport::Transport;
+use super::wait::Wait;
 
-/// Where the shared-memory cache-line ping-pong will stand.
-pub const SHM_PING_PONG: &str = "shared-memory cache-line ping-pong, two processes";
-/// Why it is not measured yet.
-pub const SHM_MISSING: &str =
-    "not measured yet: arrives with the shared-memory ring crate (tubeway-ring)";
+/// In-flight count that stands for an open loop (the fixed-rate figure):
+/// pipelined, so an async client's.
+const OPEN_LOOP: usize = 0;
 
-/// Everything the figures of one transport share.
+/// Everything the figures of one transport and way of waiting share.
 #[derive(Debug)]
 pub struct Bench<'a> {
     /// The options.
     pub settings: &'a Settings,
-    /// The broker under test.
-    pub target: &'a mut Target,
-    /// The bare peer, for socket transports.
+    /// The transport measured.
+    pub transport: Transport,
+    /// How every side waits.
+    pub wait: Wait,
+    /// The broker under test, if a mode needs one.
+    pub target: Option<&'a mut Target>,
+    /// The bare socket peer, for socket transports.
     pub peer: Option<&'a mut Peer>,
+    /// The far end of the shared-memory ping-pongs.
+    pub far: Option<&'a mut Far>,
+    /// The echoing peer of the channel mode.
+    pub channels: Option<&'a mut ChannelPeer>,
     /// The progress line.
     pub progress: &'a Progress,
     /// Makes queue and topic names unique.
     pub next_tag: usize,
     /// Where socket files go.
-    pub dir: &'a std::path::Path,
+    pub dir: &'a Path,
 }
 
 fn mb(bytes_per_sec: f64) -> f64 {
@@ -64,18 +75,42 @@ pub fn size_label(n: usize) -> String {
 
 impl Bench<'_> {
     fn what(&self, mode: &dyn Mode, label: &str) -> String {
-        format!("{} {} {label}", self.target.transport, mode.name())
+        if self.wait.is_default() {
+            format!("{} {} {label}", self.transport, mode.name())
+        } else {
+            format!(
+                "{} {} {label} (wait {})",
+                self.transport,
+                mode.name(),
+                self.wait
+            )
+        }
     }
 
-    /// Turns a failure into the clearest error: the broker's death if it died.
+    /// Turns a failure into the clearest error: the death of a process of
+    /// ours if one died.
     fn explain(&mut self, e: anyhow::Error, what: &str) -> anyhow::Error {
-        if let Err(dead) = self.target.check() {
+        if let Some(Err(dead)) = self.target.as_deref_mut().map(Target::check) {
             return dead.context(format!("during {what}"));
         }
         if let Some(Err(dead)) = self.peer.as_deref_mut().map(Peer::check) {
             return anyhow::Error::new(dead).context(format!("during {what}"));
         }
+        if let Some(Err(dead)) = self.far.as_deref_mut().map(Far::check) {
+            return dead.context(format!("during {what}"));
+        }
+        if let Some(Err(dead)) = self.channels.as_deref_mut().map(ChannelPeer::check) {
+            return anyhow::Error::new(dead).context(format!("during {what}"));
+        }
         e.context(format!("during {what}"))
+    }
+
+    /// The largest message a figure sends (for a broker we started, its limit).
+    pub fn max_message_size(&self) -> usize {
+        match &self.target {
+            Some(t) => t.max_message_size,
+            None => super::target::max_message_size(self.settings.largest_payload()),
+        }
     }
 
     async fn prepare(
@@ -83,75 +118,39 @@ impl Bench<'_> {
         mode: &dyn Mode,
         payload: usize,
         connections: usize,
+        in_flight: usize,
     ) -> anyhow::Result<Arc<dyn Workload>> {
         self.next_tag += 1;
-        let tag = format!("{}{}", self.target.transport, self.next_tag);
-        // A mode without a broker listens itself, on a fresh address.
-        let url = if mode.needs_broker() {
-            self.target.url.clone()
+        let tag = format!("{}{}", self.transport, self.next_tag);
+        let (url, options) = if mode.needs_broker() {
+            let t = self
+                .target
+                .as_deref()
+                .ok_or_else(|| anyhow::anyhow!("no broker for {}", mode.name()))?;
+            (t.url.clone(), t.options.clone())
         } else {
-            self.target.transport.listen_url(self.dir, &tag)
+            let peer = self
+                .channels
+                .as_deref()
+                .ok_or_else(|| anyhow::anyhow!("no channel peer for {}", mode.name()))?;
+            (peer.url().to_owned(), ClientOptions::default())
         };
+        let mut channel = ChannelOptions::default().max_message_size(self.max_message_size());
+        if let Some(w) = self.wait.strategy() {
+            channel = channel.wait(w);
+        }
         let setup = Setup {
             url,
             connections,
+            in_flight,
+            client: mode.client(connections, in_flight),
             payload: Bytes::from(vec![0x5au8; payload]),
             subscribers: self.settings.subscribers,
-            options: self.target.options.clone(),
+            options,
+            channel,
             tag,
         };
         mode.prepare(&setup).await
-    }
-
-    /// Bare ping-pong for `exchanges`, one run; `None` without a peer.
-    async fn bare_ping_pong(
-        &mut self,
-        exchanges: &[Exchange],
-        d: Duration,
-        record: bool,
-    ) -> anyhow::Result<Option<(Count, Option<Latency>)>> {
-        let (Some(peer), Some(request)) =
-            (self.peer.as_deref_mut(), bare::ping_pong_request(exchanges))
-        else {
-            return Ok(None);
-        };
-        let mut s = peer.open(&request)?;
-        let exchanges = exchanges.to_vec();
-        let out = tokio::task::spawn_blocking(move || {
-            let mut hist = record.then(latency::histogram);
-            let count = bare::ping_pong(&mut s, &exchanges, d, hist.as_mut())?;
-            anyhow::Ok((count, hist.map(|h| Latency::of(&h))))
-        })
-        .await??;
-        Ok(Some(out))
-    }
-
-    /// Bare streaming, one run, in bytes per second; `None` without a peer.
-    pub async fn bare_stream(&mut self, d: Duration) -> anyhow::Result<Option<f64>> {
-        let Some(peer) = self.peer.as_deref_mut() else {
-            return Ok(None);
-        };
-        let s = peer.open(&Request::Sink)?;
-        let c = tokio::task::spawn_blocking(move || bare::stream(s, STREAM_CHUNK, d)).await??;
-        Ok(Some(c.rate()))
-    }
-
-    /// Measures bare streaming: warm-up, then `runs` runs.
-    pub async fn measure_stream(&mut self) -> anyhow::Result<Option<Stat>> {
-        let s = self.settings;
-        if self.peer.is_none() {
-            return Ok(None);
-        }
-        self.progress
-            .doing(format!("{} bare streaming", self.target.transport));
-        self.bare_stream(s.warmup).await?;
-        let mut runs = Vec::new();
-        for _ in 0..s.runs {
-            if let Some(r) = self.bare_stream(s.duration).await? {
-                runs.push(mb(r));
-            }
-        }
-        Ok(Stat::of(runs))
     }
 
     /// Throughput by payload size: one connection, one in flight.
@@ -171,13 +170,18 @@ impl Bench<'_> {
     ) -> anyhow::Result<Figure> {
         let s = self.settings;
         let exchanges = mode.exchanges(payload);
-        let work = self.prepare(mode, payload, 1).await?;
+        let work = self.prepare(mode, payload, 1, 1).await?;
         runner::closed_loop(&work, 1, 1, s.warmup, false).await?;
-        self.bare_ping_pong(&exchanges, s.warmup, false).await?;
+        self.bare_round_trips(&exchanges, payload, s.warmup, false)
+            .await?;
         let (mut ops, mut deliveries, mut drops) = (Vec::new(), Vec::new(), 0);
-        let (mut pp, mut stream, mut copy) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut bare, mut stream, mut copy) = (BareRuns::default(), Vec::new(), Vec::new());
         let mut rss = Rss::default();
-        let broker = self.target.broker_proc();
+        let broker = if mode.needs_broker() {
+            self.target.as_deref().and_then(Target::broker_proc)
+        } else {
+            self.channels.as_deref().and_then(ChannelPeer::proc)
+        };
         for run in 0..s.runs {
             self.progress.doing(format!(
                 "{} run {}/{}",
@@ -185,9 +189,10 @@ impl Bench<'_> {
                 run + 1,
                 s.runs
             ));
-            if let Some((c, _)) = self.bare_ping_pong(&exchanges, s.duration, false).await? {
-                pp.push(c.rate());
-            }
+            bare.add(
+                self.bare_round_trips(&exchanges, payload, s.duration, false)
+                    .await?,
+            );
             if let Some(r) = self.bare_stream(s.duration).await? {
                 stream.push(mb(r));
             }
@@ -215,15 +220,7 @@ impl Bench<'_> {
             .as_ref()
             .and_then(|m| Stat::of(m.runs.iter().map(|r| mb(r * payload as f64)).collect()));
         let median = |s: &Option<Stat>| s.as_ref().map(|s| s.median);
-        let mut baselines = Vec::new();
-        if let Some(pp) = Stat::of(pp) {
-            baselines.push(Baseline::measured(
-                "bare socket ping-pong, same bytes",
-                "msg/s",
-                Some(pp),
-                median(&msgs),
-            ));
-        }
+        let mut baselines = bare.rates(median(&msgs));
         if let Some(stream) = Stat::of(stream) {
             baselines.push(Baseline::measured(
                 "bare socket streaming",
@@ -238,9 +235,6 @@ impl Bench<'_> {
             Stat::of(copy),
             median(&mbs),
         ));
-        if self.target.transport.bare() == BareKind::SharedMemory {
-            baselines.push(Baseline::missing(SHM_PING_PONG, "msg/s", SHM_MISSING));
-        }
         let publish = mode.name() == "publish";
         Ok(Figure {
             group: Some(Group::Size),
@@ -248,6 +242,7 @@ impl Bench<'_> {
             payload,
             connections: 1,
             in_flight: 1,
+            client: Some(work.client()),
             msgs_per_sec: msgs,
             mb_per_sec: mbs,
             deliveries_per_sec: publish.then(|| Stat::of(deliveries)).flatten(),
@@ -277,7 +272,7 @@ impl Bench<'_> {
         let s = self.settings;
         let payload = s.sweep_payload;
         let run = async {
-            let work = self.prepare(mode, payload, connections).await?;
+            let work = self.prepare(mode, payload, connections, in_flight).await?;
             runner::closed_loop(&work, connections, in_flight, s.warmup, false).await?;
             let (mut ops, mut deliveries, mut drops) = (Vec::new(), Vec::new(), 0);
             for run in 0..s.runs {
@@ -290,9 +285,9 @@ impl Bench<'_> {
                 drops += out.tally.drops;
             }
             work.close().await;
-            anyhow::Ok((ops, deliveries, drops))
+            anyhow::Ok((ops, deliveries, drops, work.client()))
         };
-        let (ops, deliveries, drops) = run.await.map_err(|e| self.explain(e, &what))?;
+        let (ops, deliveries, drops, client) = run.await.map_err(|e| self.explain(e, &what))?;
         let msgs = Stat::of(ops);
         let publish = mode.name() == "publish";
         Ok(Figure {
@@ -301,6 +296,7 @@ impl Bench<'_> {
             payload,
             connections,
             in_flight,
+            client: Some(client),
             mb_per_sec: msgs
                 .as_ref()
                 .and_then(|m| Stat::of(m.runs.iter().map(|r| mb(r * payload as f64)).collect())),
@@ -311,7 +307,7 @@ impl Bench<'_> {
         })
     }
 
-    /// Round-trip latency, one in flight, beside the bare ping-pong's.
+    /// Round-trip latency, one in flight, beside the bare round trips'.
     pub async fn round_trip(&mut self, mode: &dyn Mode) -> anyhow::Result<Figure> {
         let s = self.settings;
         let payload = s.latency_payload;
@@ -319,19 +315,19 @@ impl Bench<'_> {
         let what = self.what(mode, "round trip");
         let exchanges = mode.exchanges(payload);
         let run = async {
-            let work = self.prepare(mode, payload, 1).await?;
+            let work = self.prepare(mode, payload, 1, 1).await?;
             runner::closed_loop(&work, 1, 1, s.warmup, false).await?;
-            self.bare_ping_pong(&exchanges, s.warmup, false).await?;
-            let (mut ops, mut lat, mut bare) = (Vec::new(), Vec::new(), Vec::new());
+            self.bare_round_trips(&exchanges, payload, s.warmup, false)
+                .await?;
+            let (mut ops, mut lat, mut bare) = (Vec::new(), Vec::new(), BareRuns::default());
             let mut curve = Vec::new();
             for run in 0..s.runs {
                 self.progress
                     .doing(format!("{what} run {}/{}", run + 1, s.runs));
-                if let Some((_, Some(l))) =
-                    self.bare_ping_pong(&exchanges, s.duration, true).await?
-                {
-                    bare.push(l);
-                }
+                bare.add(
+                    self.bare_round_trips(&exchanges, payload, s.duration, true)
+                        .await?,
+                );
                 let out = runner::closed_loop(&work, 1, 1, s.duration, true).await?;
                 ops.push(out.count.rate());
                 if let Some(h) = out.hist {
@@ -340,29 +336,17 @@ impl Bench<'_> {
                 }
             }
             work.close().await;
-            anyhow::Ok((ops, lat, bare, curve))
+            anyhow::Ok((ops, lat, bare, curve, work.client()))
         };
-        let (ops, lat, bare, curve) = run.await.map_err(|e| self.explain(e, &what))?;
+        let (ops, lat, bare, curve, client) = run.await.map_err(|e| self.explain(e, &what))?;
         let median = Latency::median(&lat);
-        let mut baselines = Vec::new();
-        if !bare.is_empty() {
-            let p50: Vec<f64> = bare.iter().map(|l| l.p50_us).collect();
-            baselines.push(Baseline::measured(
-                "bare socket ping-pong p50, same bytes",
-                "us",
-                Stat::of(p50),
-                Some(median.p50_us),
-            ));
-        }
-        if self.target.transport.bare() == BareKind::SharedMemory {
-            baselines.push(Baseline::missing(SHM_PING_PONG, "us", SHM_MISSING));
-        }
         Ok(Figure {
             group: Some(Group::RoundTrip),
             label,
             payload,
             connections: 1,
             in_flight: 1,
+            client: Some(client),
             msgs_per_sec: Stat::of(ops),
             latency: Some(LatencyFigure {
                 median,
@@ -372,7 +356,7 @@ impl Bench<'_> {
                 achieved_rate: None,
                 sender_lag_us: None,
             }),
-            baselines,
+            baselines: bare.p50s(median.p50_us),
             ..Figure::default()
         })
     }
@@ -384,7 +368,7 @@ impl Bench<'_> {
         let label = format!("{}, {} msg/s offered", size_label(payload), s.rate);
         let what = self.what(mode, "fixed rate");
         let run = async {
-            let work = self.prepare(mode, payload, 1).await?;
+            let work = self.prepare(mode, payload, 1, OPEN_LOOP).await?;
             if !s.warmup.is_zero() {
                 runner::fixed_rate(&work, 1, s.rate, s.warmup).await?;
             }
@@ -394,9 +378,9 @@ impl Bench<'_> {
             ));
             let out = runner::fixed_rate(&work, 1, s.rate, s.latency_duration).await?;
             work.close().await;
-            anyhow::Ok(out)
+            anyhow::Ok((out, work.client()))
         };
-        let out = run.await.map_err(|e| self.explain(e, &what))?;
+        let (out, client) = run.await.map_err(|e| self.explain(e, &what))?;
         let l = Latency::of(&out.hist);
         let publish = mode.name() == "publish";
         Ok(Figure {
@@ -405,6 +389,7 @@ impl Bench<'_> {
             payload,
             connections: 1,
             in_flight: 0,
+            client: Some(client),
             msgs_per_sec: Stat::of(vec![out.count.rate()]),
             deliveries_per_sec: publish
                 .then(|| Stat::of(vec![out.tally.deliveries as f64 / out.count.secs]))
@@ -437,16 +422,6 @@ pub fn relate_to_first(figures: &mut [Figure], name: &str) {
             Some(first.clone()),
             median,
         ));
-    }
-}
-
-/// A figure for the transport's limits section.
-pub fn limit_figure(label: &str, mb_per_sec: Option<Stat>, note: Option<&str>) -> Figure {
-    Figure {
-        label: label.to_owned(),
-        mb_per_sec,
-        note: note.map(str::to_owned),
-        ..Figure::default()
     }
 }
 

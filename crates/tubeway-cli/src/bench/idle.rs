@@ -10,6 +10,7 @@ use super::memory::Proc;
 use super::report::IdleMemory;
 use super::target::Target;
 use super::transport::Transport;
+use super::wait::Wait;
 
 /// Connections opened at once while loading the broker.
 const BATCH: usize = 50;
@@ -22,7 +23,9 @@ pub async fn measure(
     connections: usize,
     dir: &Path,
 ) -> anyhow::Result<Option<IdleMemory>> {
-    let mut target = Target::start(transport, None, 0, dir, "idle").await?;
+    // The default wait: in latency mode each idle connection would keep a
+    // thread polling.
+    let mut target = Target::start(transport, None, 0, dir, "idle", Wait::DEFAULT).await?;
     let Some(proc) = target.broker_proc() else {
         target.stop().await;
         return Ok(None);

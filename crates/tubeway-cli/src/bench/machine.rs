@@ -15,8 +15,10 @@ pub struct Machine {
     pub kernel: String,
     /// Load average (1, 5, 15 minutes) when the run started.
     pub load_before: Option<[f64; 3]>,
-    /// Load average when it ended.
+    /// Load average when it ended (the bench's own threads count in it).
     pub load_after: Option<[f64; 3]>,
+    /// The share of all CPUs (0 to 1) that other work used during the run.
+    pub other_cpu: Option<f64>,
 }
 
 impl Machine {
@@ -37,6 +39,7 @@ impl Machine {
                 .map_or_else(|_| "unknown".to_owned(), |s| s.trim().to_owned()),
             load_before: load_average(),
             load_after: None,
+            other_cpu: None,
         }
     }
 }

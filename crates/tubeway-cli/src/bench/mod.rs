@@ -2,17 +2,24 @@
 //! limit of the machine measured in the same run.
 //!
 //! One file per concern: [`args`] (options), [`transport`] (the transports,
-//! in one list), [`modes`] (what an operation is, one file per mode),
-//! [`target`] (the broker under test), [`runner`] and [`rate`] (closed and
-//! open loops), [`latency`] (histograms), [`bare`], [`socket`] and [`peer`]
-//! (the bare limits, with a child process at the far end), [`memory`] and
-//! [`idle`] (resident memory), [`figures`] and [`suite`] (what is measured
-//! in which order), [`report`], [`table`], [`plot`] (output), [`machine`],
+//! in one list), [`wait`] (latency mode), [`modes`] (what an operation is,
+//! one file per mode), [`target`] (the broker under test), [`channel_peer`]
+//! (the echoing far end of channels), [`runner`], [`threads`] and [`rate`]
+//! (closed and open loops, on tasks or plain threads), [`latency`]
+//! (histograms), [`baselines`], [`bare`], [`socket`], [`shm`], [`fdpass`]
+//! and [`peer`] (the bare limits, with a child process at the far end),
+//! [`memory`] and [`idle`] (resident memory), [`figures`] and [`suite`]
+//! (what is measured in which order), [`report`], [`table`], [`plot`]
+//! (output), [`machine`] and [`cpu`] (the machine and how busy it was),
 //! [`progress`] and [`child`] (child processes).
 
 mod args;
 mod bare;
+mod baselines;
+mod channel_peer;
 mod child;
+mod cpu;
+mod fdpass;
 mod figures;
 mod idle;
 mod latency;
@@ -25,11 +32,14 @@ mod progress;
 mod rate;
 mod report;
 mod runner;
+mod shm;
 mod socket;
 mod suite;
 mod table;
 mod target;
+mod threads;
 mod transport;
+mod wait;
 
 pub use args::{BenchArgs, PeerArgs, EXAMPLES, LONG_ABOUT};
 
@@ -40,6 +50,7 @@ use anyhow::Context as _;
 use crate::cli::UsageError;
 use crate::output::Printer;
 use args::Settings;
+use cpu::CpuTimes;
 use machine::{load_average, Machine};
 use progress::Progress;
 use report::{Method, Report};
@@ -62,11 +73,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     }
     let mut machine = Machine::now();
+    let cpu_before = CpuTimes::now();
     let progress = Progress::new(suite::planned(&settings), args.json);
     let sections = suite::run(&settings, &progress).await;
     progress.finish();
     let sections = sections?;
     machine.load_after = load_average();
+    machine.other_cpu = cpu_before
+        .zip(CpuTimes::now())
+        .and_then(|(before, after)| before.others_share(&after));
     let report = Report {
         command: command_line(),
         version: env!("CARGO_PKG_VERSION"),

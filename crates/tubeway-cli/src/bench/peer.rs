@@ -1,26 +1,39 @@
-//! `tubeway bench-peer`: the far end of the bare socket limits, in a child
-//! process of its own, with std sockets and nothing else.
+//! `tubeway bench-peer`: the far end of the bare limits, or of the
+//! channels of `--mode channel`, in a child process of its own.
 //!
-//! It prints `listening on URL`, then serves each connection on a thread:
-//! a ping-pong (read a request's bytes, write the answer's) or a sink (read
-//! to the end, then write the byte count). It exits when its stdin closes,
-//! that is, when the bench ends.
+//! It prints `listening on URL`, then serves each connection on a thread.
+//! For the bare limits (std sockets and nothing else): a socket ping-pong
+//! (read a request's bytes, write the answer's; blocking, or polling a
+//! non-blocking socket), a sink (read to the end, then write the byte
+//! count), or the echo of a shared-memory ping-pong whose memfd comes with
+//! the request. With `--channel`: a channel listener that echoes every
+//! message. It exits when its stdin closes, that is, when the bench ends.
 
 use std::io::{self, Read, Write};
+use std::time::{Duration, Instant};
+
+use tubeway_ring::PingPong;
 
 use super::args::PeerArgs;
-use super::socket::{Listener, Request, Stream};
+use super::channel_peer;
+use super::fdpass::recv_with_fd;
+use super::runner::GRACE;
+use super::shm;
+use super::socket::{Listener, Request, Stream, HEAD};
 
 /// Runs the peer until stdin closes.
 pub fn run(args: &PeerArgs) -> anyhow::Result<()> {
-    let listener = Listener::bind(&args.listen)
-        .map_err(|e| anyhow::anyhow!("bench-peer: cannot listen on {}: {e}", args.listen))?;
-    println!("listening on {}", listener.url()?);
     std::thread::spawn(|| {
         let mut sink = Vec::new();
         let _ = io::stdin().read_to_end(&mut sink);
         std::process::exit(0);
     });
+    if args.channel {
+        return channel_peer::run(args);
+    }
+    let listener = Listener::bind(&args.listen)
+        .map_err(|e| anyhow::anyhow!("bench-peer: cannot listen on {}: {e}", args.listen))?;
+    println!("listening on {}", listener.url()?);
     loop {
         let stream = listener.accept()?;
         std::thread::spawn(move || {
@@ -31,7 +44,16 @@ pub fn run(args: &PeerArgs) -> anyhow::Result<()> {
 }
 
 fn serve(mut s: Stream) -> io::Result<()> {
-    match Request::read(&mut s)? {
+    // On a Unix socket a descriptor may come with the head.
+    let mut head = [0u8; HEAD];
+    let fd = match s.unix() {
+        Some(unix) => recv_with_fd(unix, &mut head)?,
+        None => {
+            s.read_exact(&mut head)?;
+            None
+        }
+    };
+    match Request::read_rest(head, &mut s)? {
         Request::Sink => {
             let mut buf = vec![0u8; 1 << 20];
             let mut total = 0u64;
@@ -43,7 +65,14 @@ fn serve(mut s: Stream) -> io::Result<()> {
             }
             s.write_all(&total.to_le_bytes())
         }
-        Request::PingPong(exchanges) => {
+        Request::ShmPingPong { secs } => {
+            let fd = fd.ok_or_else(|| io::Error::other("no memfd came with the request"))?;
+            let pp = PingPong::open(fd).map_err(io::Error::other)?;
+            s.write_all(&[1])?;
+            let give_up = Instant::now() + Duration::from_secs(secs.into());
+            shm::echo(&pp, give_up).map_err(io::Error::other)
+        }
+        Request::PingPong { exchanges, poll } => {
             let len = |n: u64| usize::try_from(n).map_err(io::Error::other);
             let largest = exchanges.iter().map(|&(up, _)| up).max().unwrap_or(0);
             let mut request = vec![0u8; len(largest)?];
@@ -51,15 +80,26 @@ fn serve(mut s: Stream) -> io::Result<()> {
                 .iter()
                 .map(|&(up, down)| Ok((len(up)?, vec![0x41u8; len(down)?])))
                 .collect::<io::Result<Vec<_>>>()?;
+            s.set_nonblocking(poll)?;
             loop {
                 for (up, answer) in &answers {
                     let buf = request.get_mut(..*up).unwrap_or_default();
-                    match s.read_exact(buf) {
+                    let read = if poll {
+                        // Polls for as long as a bench run may last.
+                        s.poll_read_exact(buf, Instant::now() + GRACE)
+                    } else {
+                        s.read_exact(buf)
+                    };
+                    match read {
                         Ok(()) => {}
                         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
                         Err(e) => return Err(e),
                     }
-                    s.write_all(answer)?;
+                    if poll {
+                        s.poll_write_all(answer, Instant::now() + GRACE)?;
+                    } else {
+                        s.write_all(answer)?;
+                    }
                 }
             }
         }

@@ -103,7 +103,12 @@ pub fn nines(percentile: f64) -> f64 {
 }
 
 fn name(s: &Section) -> String {
-    format!("{} {}", s.transport, s.mode.unwrap_or("limits"))
+    let mode = s.mode.unwrap_or("limits");
+    if s.wait == "default" {
+        format!("{} {mode}", s.transport)
+    } else {
+        format!("{} {mode} ({})", s.transport, s.wait)
+    }
 }
 
 /// The range of a log axis holding every value, a little wider.

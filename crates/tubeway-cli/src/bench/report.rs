@@ -6,6 +6,7 @@ use serde::Serialize;
 use super::args::Group;
 use super::latency::{CurvePoint, Latency};
 use super::machine::Machine;
+use super::modes::ClientKind;
 use super::transport::Transport;
 
 /// The whole run.
@@ -53,9 +54,13 @@ pub struct Section {
     pub transport: Transport,
     /// The mode; `None` for the transport's limits.
     pub mode: Option<&'static str>,
+    /// How every side waited (`--wait`): `default`, or a strategy.
+    pub wait: String,
     /// What one operation is, or what the limits section holds.
     pub about: String,
-    /// Where the broker runs.
+    /// Whether the operations go through a broker (else to a channel peer).
+    pub brokered: bool,
+    /// Where the broker (or the channel peer) runs.
     pub broker: String,
     /// The figures, in the order measured.
     pub figures: Vec<Figure>,
@@ -74,6 +79,8 @@ pub struct Figure {
     pub connections: usize,
     /// Requests in flight per connection.
     pub in_flight: usize,
+    /// The client that drove the operations.
+    pub client: Option<ClientKind>,
     /// Operations completed per second.
     pub msgs_per_sec: Option<Stat>,
     /// Payload megabytes (10^6 bytes) per second, one way.
@@ -160,12 +167,10 @@ pub struct Baseline {
     pub name: String,
     /// `msg/s`, `MB/s` or `us`.
     pub unit: &'static str,
-    /// The figure; `None` when it cannot be measured (yet).
+    /// The figure; `None` when no run measured it.
     pub value: Option<Stat>,
     /// The figure divided by this limit, medians of the same run.
     pub ratio: Option<f64>,
-    /// Why it is missing, or how it was measured.
-    pub note: Option<String>,
 }
 
 impl Baseline {
@@ -185,22 +190,6 @@ impl Baseline {
             unit,
             value,
             ratio,
-            note: None,
-        }
-    }
-
-    /// A limit that has a place in the report but is not measured.
-    pub fn missing(
-        name: impl Into<String>,
-        unit: &'static str,
-        why: impl Into<String>,
-    ) -> Baseline {
-        Baseline {
-            name: name.into(),
-            unit,
-            value: None,
-            ratio: None,
-            note: Some(why.into()),
         }
     }
 }
@@ -210,7 +199,8 @@ impl Baseline {
 pub struct Rss {
     /// The bench process.
     pub bench_kib: Option<u64>,
-    /// The broker process; `None` when it is this process or unknown.
+    /// The broker (or channel peer) process; `None` when it is this
+    /// process or unknown.
     pub broker_kib: Option<u64>,
 }
 
@@ -254,7 +244,5 @@ mod tests {
             Baseline::measured("bare", "msg/s", Stat::of(vec![0.0]), Some(1.0)).ratio,
             None
         );
-        let m = Baseline::missing("shm", "us", "later");
-        assert!(m.value.is_none() && m.note.is_some());
     }
 }

@@ -1,9 +1,12 @@
 //! Drives a workload: closed loops (throughput, round trips) and an open
-//! loop at a fixed rate (latency without coordinated omission).
+//! loop at a fixed rate (latency without coordinated omission). A closed
+//! loop runs as tasks on the runtime (async clients) or as one plain
+//! thread per connection (blocking clients, channels), as the workload says.
 //!
 //! Every measurement is bounded in time: a broker that stops answering
 //! ends the run with an error instead of a hang.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -12,7 +15,7 @@ use hdrhistogram::Histogram;
 use tokio::sync::Semaphore;
 
 use super::latency;
-use super::modes::{Tally, Workload};
+use super::modes::{ClientKind, Tally, Workload};
 use super::rate::{wait_for, Schedule};
 
 /// How long a measurement may overrun its duration before it is abandoned.
@@ -52,9 +55,25 @@ pub struct Outcome {
     pub hist: Option<Histogram<u64>>,
 }
 
-/// `lanes × in_flight` tasks each run operations back to back for `d`.
-/// With `record`, every operation's time goes into a histogram.
+/// Operations run back to back for `d` on `lanes` connections with
+/// `in_flight` each. With `record`, every operation's time goes into a
+/// histogram.
 pub async fn closed_loop(
+    work: &Arc<dyn Workload>,
+    lanes: usize,
+    in_flight: usize,
+    d: Duration,
+    record: bool,
+) -> anyhow::Result<Outcome> {
+    if work.client() == ClientKind::Async {
+        tasks_closed_loop(work, lanes, in_flight, d, record).await
+    } else {
+        threads_closed_loop(work, lanes, d, record).await
+    }
+}
+
+/// `lanes × in_flight` tasks each run operations back to back for `d`.
+async fn tasks_closed_loop(
     work: &Arc<dyn Workload>,
     lanes: usize,
     in_flight: usize,
@@ -109,6 +128,111 @@ pub async fn closed_loop(
         .map_err(|_| anyhow::anyhow!("no progress {GRACE:?} past the end of a {d:?} run"))?
 }
 
+/// One plain thread per lane runs its operations back to back for `d`
+/// (the lane keeps its own operations in flight).
+async fn threads_closed_loop(
+    work: &Arc<dyn Workload>,
+    lanes: usize,
+    d: Duration,
+    record: bool,
+) -> anyhow::Result<Outcome> {
+    let start = Instant::now();
+    let deadline = start + d;
+    let give_up = deadline + GRACE;
+    let threads = {
+        let work = work.clone();
+        // A blocking-pool thread waits for the lanes; the lanes themselves
+        // run on threads of their own, outside the runtime.
+        tokio::task::spawn_blocking(move || {
+            // Set by the first lane that fails, so the others stop too.
+            let failed = AtomicBool::new(false);
+            std::thread::scope(|scope| {
+                let running: Vec<_> = (0..lanes)
+                    .map(|lane| {
+                        let (work, failed) = (&work, &failed);
+                        scope.spawn(move || {
+                            let r =
+                                run_lane(work.as_ref(), lane, deadline, give_up, record, failed);
+                            if r.is_err() {
+                                failed.store(true, Ordering::Relaxed);
+                            }
+                            r
+                        })
+                    })
+                    .collect();
+                let mut ops = 0;
+                let mut merged = record.then(latency::histogram);
+                let mut first_error = None;
+                for t in running {
+                    match t.join() {
+                        Ok(Ok((n, h))) => {
+                            ops += n;
+                            if let (Some(m), Some(h)) = (merged.as_mut(), h) {
+                                m.add(h).context("merging latency histograms")?;
+                            }
+                        }
+                        Ok(Err(e)) => {
+                            first_error.get_or_insert(e);
+                        }
+                        Err(_) => {
+                            first_error.get_or_insert(anyhow::anyhow!("a bench lane panicked"));
+                        }
+                    }
+                }
+                match first_error {
+                    Some(e) => Err(e),
+                    None => Ok((ops, merged)),
+                }
+            })
+        })
+    };
+    let (ops, hist) = tokio::time::timeout(d + GRACE, threads)
+        .await
+        .map_err(|_| anyhow::anyhow!("no progress {GRACE:?} past the end of a {d:?} run"))?
+        .context("the lane threads panicked")??;
+    let tally = work.settle().await?;
+    Ok(Outcome {
+        count: Count {
+            ops,
+            secs: start.elapsed().as_secs_f64(),
+        },
+        tally,
+        hist,
+    })
+}
+
+/// One lane: operations until `deadline` (or another lane's failure), each
+/// timed from the end of the one before (one clock read per operation),
+/// then what is still in flight.
+fn run_lane(
+    work: &dyn Workload,
+    lane: usize,
+    deadline: Instant,
+    give_up: Instant,
+    record: bool,
+    failed: &AtomicBool,
+) -> anyhow::Result<(u64, Option<Histogram<u64>>)> {
+    let mut ops = work.lane(lane, give_up)?;
+    let mut hist = record.then(latency::histogram);
+    let mut done = 0u64;
+    let mut t0 = Instant::now();
+    while t0 < deadline {
+        if failed.load(Ordering::Relaxed) {
+            // The run fails with that lane's error; this one stops quietly.
+            return Ok((done, hist));
+        }
+        ops.op()?;
+        let t1 = Instant::now();
+        if let Some(h) = hist.as_mut() {
+            latency::record(h, t1 - t0);
+        }
+        done += 1;
+        t0 = t1;
+    }
+    done += ops.finish()?;
+    Ok((done, hist))
+}
+
 /// What a fixed-rate run measured.
 #[derive(Debug)]
 pub struct RateOutcome {
@@ -123,13 +247,19 @@ pub struct RateOutcome {
 }
 
 /// Sends at `rate` for `d`, spread over `lanes`, whatever the responses
-/// do; each latency runs from the operation's intended send time.
+/// do; each latency runs from the operation's intended send time. A
+/// workload that paces itself (a channel) does so.
 pub async fn fixed_rate(
     work: &Arc<dyn Workload>,
     lanes: usize,
     rate: u64,
     d: Duration,
 ) -> anyhow::Result<RateOutcome> {
+    if let Some(run) = work.fixed_rate(rate, d) {
+        return tokio::time::timeout(d + GRACE, run)
+            .await
+            .map_err(|_| anyhow::anyhow!("no progress {GRACE:?} past the end of a {d:?} run"))?;
+    }
     let hist = Arc::new(Mutex::new(latency::histogram()));
     let failure: Arc<Mutex<Option<anyhow::Error>>> = Arc::new(Mutex::new(None));
     let permits = Arc::new(Semaphore::new(MAX_OUTSTANDING));
@@ -227,8 +357,9 @@ pub async fn fixed_rate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::modes::Lane;
     use futures::future::BoxFuture;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::AtomicU64;
 
     /// An operation that takes a fixed time.
     struct Sleepy {
@@ -238,6 +369,10 @@ mod tests {
     }
 
     impl Workload for Sleepy {
+        fn client(&self) -> ClientKind {
+            ClientKind::Async
+        }
+
         fn op(&self, _lane: usize) -> BoxFuture<'_, anyhow::Result<()>> {
             Box::pin(async move {
                 tokio::time::sleep(self.took).await;
@@ -290,10 +425,95 @@ mod tests {
         assert!(err.to_string().contains("broken after"), "{err}");
     }
 
+    /// Blocking operations of a fixed time on lane threads, each lane with
+    /// `tail` more completed by `finish`; lane 1 fails after `fail_after`.
+    struct Blocking {
+        took: Duration,
+        tail: u64,
+        fail_after: u64,
+    }
+
+    struct BlockingLane<'a> {
+        w: &'a Blocking,
+        lane: usize,
+        done: u64,
+    }
+
+    impl Lane for BlockingLane<'_> {
+        fn op(&mut self) -> anyhow::Result<()> {
+            // A runtime thread would make the blocking client refuse.
+            anyhow::ensure!(
+                tokio::runtime::Handle::try_current().is_err(),
+                "on a runtime"
+            );
+            std::thread::sleep(self.w.took);
+            self.done += 1;
+            anyhow::ensure!(
+                self.lane != 1 || self.done <= self.w.fail_after,
+                "lane broke"
+            );
+            Ok(())
+        }
+
+        fn finish(&mut self) -> anyhow::Result<u64> {
+            Ok(self.w.tail)
+        }
+    }
+
+    impl Workload for Blocking {
+        fn client(&self) -> ClientKind {
+            ClientKind::Blocking
+        }
+
+        fn lane(&self, lane: usize, _give_up: Instant) -> anyhow::Result<Box<dyn Lane + '_>> {
+            Ok(Box::new(BlockingLane {
+                w: self,
+                lane,
+                done: 0,
+            }))
+        }
+
+        fn close(&self) -> BoxFuture<'_, ()> {
+            Box::pin(async {})
+        }
+    }
+
+    #[tokio::test]
+    async fn lanes_run_on_plain_threads() {
+        let w: Arc<dyn Workload> = Arc::new(Blocking {
+            took: Duration::from_millis(2),
+            tail: 5,
+            fail_after: u64::MAX,
+        });
+        let out = closed_loop(&w, 3, 1, Duration::from_millis(50), true)
+            .await
+            .unwrap();
+        // 3 lanes of at most 26 operations, plus 5 finished by each.
+        assert!(out.count.ops >= 3 * 6 && out.count.ops <= 3 * 31, "{out:?}");
+        let h = out.hist.unwrap();
+        assert_eq!(h.len() + 15, out.count.ops);
+        assert!(h.min() >= 2_000_000, "{}", h.min());
+        let w: Arc<dyn Workload> = Arc::new(Blocking {
+            took: Duration::ZERO,
+            tail: 0,
+            fail_after: 10,
+        });
+        let run = closed_loop(&w, 2, 1, Duration::from_secs(60), false);
+        let err = tokio::time::timeout(Duration::from_secs(30), run)
+            .await
+            .expect("the run ended at the first failure")
+            .unwrap_err();
+        assert!(err.to_string().contains("lane broke"), "{err}");
+    }
+
     /// A system that serves one operation at a time, 2 ms each: 500 msg/s at most.
     struct OneAtATime(tokio::sync::Mutex<()>);
 
     impl Workload for OneAtATime {
+        fn client(&self) -> ClientKind {
+            ClientKind::Async
+        }
+
         fn op(&self, _lane: usize) -> BoxFuture<'_, anyhow::Result<()>> {
             Box::pin(async move {
                 let _busy = self.0.lock().await;

@@ -4,7 +4,7 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tubeway::Url;
 
@@ -15,25 +15,48 @@ pub const MAX_EXCHANGES: usize = 16;
 /// The largest frame a bare exchange moves (the broker's own limit).
 pub const MAX_FRAME: u64 = crate::cli::MAX_MESSAGE_SIZE_LIMIT;
 
+/// The length of a request's head.
+pub const HEAD: usize = 6;
+
 /// What a connection to the peer asks for, sent first.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
     /// Cycle through these exchanges: read `up` bytes, write `down` bytes.
-    PingPong(Vec<(u64, u64)>),
+    /// With `poll`, both sides poll a non-blocking socket instead of
+    /// sleeping in `read` (latency mode's floor).
+    PingPong {
+        /// `(up, down)` byte counts.
+        exchanges: Vec<(u64, u64)>,
+        /// Poll instead of sleeping.
+        poll: bool,
+    },
     /// Read to the end, then write the byte count (u64 LE).
     Sink,
+    /// Echo the shared-memory ping-pong whose memfd comes with this request
+    /// (SCM_RIGHTS), for at most `secs` seconds; answer one byte once it is
+    /// mapped.
+    ShmPingPong {
+        /// How long the peer echoes at most.
+        secs: u32,
+    },
 }
 
 impl Request {
-    /// The preamble: a kind byte, an exchange count (u32 LE), then each
-    /// exchange's `up` and `down` (u64 LE).
+    /// The request: a kind byte, a flags byte, a count (u32 LE), then for a
+    /// ping-pong each exchange's `up` and `down` (u64 LE).
     pub fn encode(&self) -> Vec<u8> {
-        let (kind, exchanges): (u8, &[(u64, u64)]) = match self {
-            Request::PingPong(x) => (1, x),
-            Request::Sink => (2, &[]),
+        let (kind, flags, n, exchanges): (u8, u8, u32, &[(u64, u64)]) = match self {
+            Request::PingPong { exchanges, poll } => (
+                1,
+                u8::from(*poll),
+                u32::try_from(exchanges.len()).unwrap_or(0),
+                exchanges,
+            ),
+            Request::Sink => (2, 0, 0, &[]),
+            Request::ShmPingPong { secs } => (3, 0, *secs, &[]),
         };
-        let mut out = vec![kind];
-        out.extend_from_slice(&u32::try_from(exchanges.len()).unwrap_or(0).to_le_bytes());
+        let mut out = vec![kind, flags];
+        out.extend_from_slice(&n.to_le_bytes());
         for (up, down) in exchanges {
             out.extend_from_slice(&up.to_le_bytes());
             out.extend_from_slice(&down.to_le_bytes());
@@ -41,18 +64,19 @@ impl Request {
         out
     }
 
-    /// Reads a preamble, refusing anything out of bounds.
-    pub fn read(r: &mut impl Read) -> io::Result<Request> {
+    /// Reads the rest of a request whose head is read, refusing anything
+    /// out of bounds.
+    pub fn read_rest(head: [u8; HEAD], r: &mut impl Read) -> io::Result<Request> {
         let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_owned());
-        let mut head = [0u8; 5];
-        r.read_exact(&mut head)?;
-        let [kind, n @ ..] = head;
-        let n = usize::try_from(u32::from_le_bytes(n)).map_err(|_| bad("exchange count"))?;
-        match kind {
-            2 if n == 0 => Ok(Request::Sink),
-            1 if (1..=MAX_EXCHANGES).contains(&n) => {
-                let mut exchanges = Vec::with_capacity(n);
-                for _ in 0..n {
+        let [kind, flags, n @ ..] = head;
+        let n = u32::from_le_bytes(n);
+        let count = usize::try_from(n).map_err(|_| bad("exchange count"))?;
+        match (kind, flags) {
+            (2, 0) if n == 0 => Ok(Request::Sink),
+            (3, 0) => Ok(Request::ShmPingPong { secs: n }),
+            (1, 0 | 1) if (1..=MAX_EXCHANGES).contains(&count) => {
+                let mut exchanges = Vec::with_capacity(count);
+                for _ in 0..count {
                     let mut pair = [0u8; 16];
                     r.read_exact(&mut pair)?;
                     let (up, down) = pair.split_at(8);
@@ -65,7 +89,10 @@ impl Request {
                     };
                     exchanges.push((num(up)?, num(down)?));
                 }
-                Ok(Request::PingPong(exchanges))
+                Ok(Request::PingPong {
+                    exchanges,
+                    poll: flags == 1,
+                })
             }
             _ => Err(bad("unknown bare request")),
         }
@@ -111,6 +138,55 @@ impl Stream {
         }
     }
 
+    /// Makes reads and writes return `WouldBlock` instead of sleeping.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_nonblocking(on),
+            Stream::Unix(s) => s.set_nonblocking(on),
+        }
+    }
+
+    /// `read_exact` on a non-blocking socket: polls until `buf` is full,
+    /// or fails with `TimedOut` after `give_up`.
+    pub fn poll_read_exact(&mut self, buf: &mut [u8], give_up: Instant) -> io::Result<()> {
+        let mut done = 0;
+        let mut polls = 0u32;
+        while done < buf.len() {
+            match self.read(buf.get_mut(done..).unwrap_or_default()) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => idle(&mut polls, give_up)?,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// `write_all` on a non-blocking socket: polls until everything is
+    /// written, or fails with `TimedOut` after `give_up`.
+    pub fn poll_write_all(&mut self, buf: &[u8], give_up: Instant) -> io::Result<()> {
+        let mut done = 0;
+        let mut polls = 0u32;
+        while done < buf.len() {
+            match self.write(buf.get(done..).unwrap_or_default()) {
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => idle(&mut polls, give_up)?,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// The Unix socket, if it is one (descriptors travel only over those).
+    pub fn unix(&self) -> Option<&UnixStream> {
+        match self {
+            Stream::Unix(s) => Some(s),
+            Stream::Tcp(_) => None,
+        }
+    }
+
     /// Ends the writing side: the peer reads end-of-file.
     pub fn shutdown_write(&self) -> io::Result<()> {
         match self {
@@ -140,6 +216,17 @@ impl Write for Stream {
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
+}
+
+/// One poll that found nothing: a spin hint, and a look at the clock every
+/// 1024 polls (a clock read costs about as much as a poll).
+fn idle(polls: &mut u32, give_up: Instant) -> io::Result<()> {
+    *polls = polls.wrapping_add(1);
+    if *polls % 1024 == 0 && Instant::now() >= give_up {
+        return Err(io::ErrorKind::TimedOut.into());
+    }
+    std::hint::spin_loop();
+    Ok(())
 }
 
 /// A std listener.
@@ -200,30 +287,43 @@ impl Drop for Listener {
 mod tests {
     use super::*;
 
+    fn read(mut bytes: &[u8]) -> io::Result<Request> {
+        let mut head = [0u8; HEAD];
+        bytes.read_exact(&mut head)?;
+        Request::read_rest(head, &mut bytes)
+    }
+
     #[test]
     fn requests_round_trip() {
+        let ping = |exchanges: Vec<(u64, u64)>, poll| Request::PingPong { exchanges, poll };
         for r in [
             Request::Sink,
-            Request::PingPong(vec![(5_000, 59)]),
-            Request::PingPong(vec![(1, 2), (3, 4)]),
+            ping(vec![(5_000, 59)], false),
+            ping(vec![(1, 2), (3, 4)], true),
+            Request::ShmPingPong { secs: 125 },
         ] {
-            assert_eq!(Request::read(&mut r.encode().as_slice()).unwrap(), r);
+            assert_eq!(read(&r.encode()).unwrap(), r);
         }
     }
 
     #[test]
     fn hostile_requests_are_refused() {
-        let too_big = Request::PingPong(vec![(MAX_FRAME + 1, 0)]).encode();
-        let too_many = Request::PingPong(vec![(1, 1); MAX_EXCHANGES + 1]).encode();
-        let none = Request::PingPong(Vec::new()).encode();
+        let ping = |exchanges: Vec<(u64, u64)>| Request::PingPong {
+            exchanges,
+            poll: false,
+        };
+        let too_big = ping(vec![(MAX_FRAME + 1, 0)]).encode();
+        let too_many = ping(vec![(1, 1); MAX_EXCHANGES + 1]).encode();
+        let none = ping(Vec::new()).encode();
         for bad in [
             too_big,
             too_many,
             none,
-            vec![9, 0, 0, 0, 0],
-            vec![1, 1, 0, 0, 0, 7],
+            vec![9, 0, 0, 0, 0, 0],
+            vec![1, 2, 1, 0, 0, 0],
+            vec![1, 0, 1, 0, 0, 0, 7],
         ] {
-            assert!(Request::read(&mut bad.as_slice()).is_err(), "{bad:?}");
+            assert!(read(&bad).is_err(), "{bad:?}");
         }
     }
 }

@@ -1,17 +1,20 @@
-//! The whole run: for each transport, its limits, then each mode's figures.
+//! The whole run: for each way of waiting and each transport, its limits,
+//! then each mode's figures; last, latency mode related to the default.
 
 use std::path::{Path, PathBuf};
 
 use super::args::{Group, Settings};
 use super::bare::Peer;
-use super::figures::{
-    limit_figure, relate_to_first, size_label, Bench, SHM_MISSING, SHM_PING_PONG,
-};
+use super::channel_peer::ChannelPeer;
+use super::figures::{relate_to_first, size_label, Bench};
 use super::idle;
+use super::modes::Mode;
 use super::progress::Progress;
-use super::report::{Figure, Section};
+use super::report::{Baseline, Figure, Section};
+use super::shm::Far;
 use super::target::{Target, HEADER_ROOM};
 use super::transport::{BareKind, Transport};
+use super::wait::Wait;
 
 /// A private directory for socket files, removed when dropped.
 #[derive(Debug)]
@@ -37,6 +40,22 @@ impl Drop for WorkDir {
     }
 }
 
+/// The modes measured on `transport`: a transport without a broker carries
+/// only the modes that need none.
+fn modes_of(s: &Settings, transport: Transport) -> Vec<&'static dyn Mode> {
+    s.modes
+        .iter()
+        .copied()
+        .filter(|m| transport.brokered() || !m.needs_broker())
+        .collect()
+}
+
+/// Whether the broker's idle memory is measured in pass `pass`: once per
+/// transport, in the first pass, on a broker that waits by default.
+fn wants_memory(s: &Settings, transport: Transport, pass: usize) -> bool {
+    s.wants(Group::Memory) && pass == 0 && modes_of(s, transport).iter().any(|m| m.needs_broker())
+}
+
 /// How many figures `settings` asks for, for the progress line.
 pub fn planned(s: &Settings) -> u64 {
     let per_mode = [
@@ -50,66 +69,137 @@ pub fn planned(s: &Settings) -> u64 {
     .filter(|(g, _)| s.wants(*g))
     .map(|(_, n)| n)
     .sum::<usize>();
-    let per_transport = 1 + s.modes.len() * per_mode + usize::from(s.wants(Group::Memory));
-    (s.transports.len() * per_transport) as u64
+    let mut total = 0;
+    for pass in 0..s.waits.len() {
+        for &t in &s.transports {
+            let memory = usize::from(wants_memory(s, t, pass));
+            total += 1 + modes_of(s, t).len() * per_mode + memory;
+        }
+    }
+    total as u64
+}
+
+/// What one transport's figures run against; stopped when done.
+#[derive(Default)]
+struct Ends {
+    target: Option<Target>,
+    peer: Option<Peer>,
+    far: Option<Far>,
+    channels: Option<ChannelPeer>,
+}
+
+impl Ends {
+    /// Starts what `modes` need on `transport`, each side waiting by `wait`.
+    async fn start(
+        s: &Settings,
+        transport: Transport,
+        wait: Wait,
+        modes: &[&'static dyn Mode],
+        dir: &Path,
+        progress: &Progress,
+    ) -> anyhow::Result<Ends> {
+        // Each end is kept as soon as it runs, so a failure stops what did start.
+        let mut ends = Ends::default();
+        let started = async {
+            if modes.iter().any(|m| m.needs_broker()) {
+                progress.doing(format!("{transport}: starting the broker"));
+                let (url, largest) = (s.url.as_deref(), s.largest_payload());
+                let target = Target::start(transport, url, largest, dir, "broker", wait).await?;
+                ends.target = Some(target);
+            }
+            let d = dir.to_owned();
+            let peer = || tokio::task::spawn_blocking(move || Peer::start(transport, &d));
+            match transport.bare() {
+                BareKind::Socket => ends.peer = Some(peer().await??),
+                BareKind::SharedMemory => ends.far = Some(Far::Process(peer().await??)),
+                BareKind::Threads => ends.far = Some(Far::Thread),
+                BareKind::None => {}
+            }
+            if modes.iter().any(|m| !m.needs_broker()) {
+                progress.doing(format!("{transport}: starting the channel peer"));
+                let max = super::target::max_message_size(s.largest_payload());
+                let d = dir.to_owned();
+                let start = move || ChannelPeer::start(transport, &d, wait, max);
+                ends.channels = Some(tokio::task::spawn_blocking(start).await??);
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        match started {
+            Ok(()) => Ok(ends),
+            Err(e) => {
+                ends.stop().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn stop(self) {
+        if let Some(t) = self.target {
+            t.stop().await;
+        }
+        let (peer, far, channels) = (self.peer, self.far, self.channels);
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(p) = peer {
+                p.stop();
+            }
+            if let Some(Far::Process(p)) = far {
+                p.stop();
+            }
+            if let Some(c) = channels {
+                c.stop();
+            }
+        })
+        .await;
+    }
 }
 
 /// Measures everything `settings` asks for.
 pub async fn run(s: &Settings, progress: &Progress) -> anyhow::Result<Vec<Section>> {
     let dir = WorkDir::new()?;
     let mut sections = Vec::new();
-    for &transport in &s.transports {
-        progress.doing(format!("{transport}: starting the broker"));
-        let mut target = Target::start(
-            transport,
-            s.url.as_deref(),
-            s.largest_payload(),
-            dir.path(),
-            "broker",
-        )
-        .await?;
-        let mut peer = match transport.bare() {
-            BareKind::Socket => {
-                let d = dir.path().to_owned();
-                Some(tokio::task::spawn_blocking(move || Peer::start(transport, &d)).await??)
-            }
-            BareKind::None | BareKind::SharedMemory => None,
-        };
-        let result = transport_sections(s, &mut target, peer.as_mut(), progress, dir.path()).await;
-        target.stop().await;
-        if let Some(p) = peer {
-            let _ = tokio::task::spawn_blocking(move || p.stop()).await;
+    for (pass, &wait) in s.waits.iter().enumerate() {
+        for &transport in &s.transports {
+            let modes = modes_of(s, transport);
+            let mut ends = Ends::start(s, transport, wait, &modes, dir.path(), progress).await?;
+            let bench = Bench {
+                settings: s,
+                transport,
+                wait,
+                target: ends.target.as_mut(),
+                peer: ends.peer.as_mut(),
+                far: ends.far.as_mut(),
+                channels: ends.channels.as_mut(),
+                progress,
+                next_tag: 0,
+                dir: dir.path(),
+            };
+            let result = transport_sections(bench, &modes, pass).await;
+            ends.stop().await;
+            sections.extend(result?);
         }
-        sections.extend(result?);
     }
+    relate_waits(&mut sections);
     Ok(sections)
 }
 
 async fn transport_sections(
-    s: &Settings,
-    target: &mut Target,
-    peer: Option<&mut Peer>,
-    progress: &Progress,
-    dir: &Path,
+    mut bench: Bench<'_>,
+    modes: &[&'static dyn Mode],
+    pass: usize,
 ) -> anyhow::Result<Vec<Section>> {
-    let transport = target.transport;
-    let broker = target.description.clone();
-    let mut bench = Bench {
-        settings: s,
-        target,
-        peer,
-        progress,
-        next_tag: 0,
-        dir,
-    };
-    let stream = bench.measure_stream().await?;
-    progress.done_one();
+    let s = bench.settings;
+    let (transport, wait) = (bench.transport, bench.wait);
+    let broker = bench.target.as_deref().map(|t| t.description.clone());
+    let peer = bench.channels.as_deref().map(ChannelPeer::description);
+    let mut limits = bench.measure_limits().await?;
+    bench.progress.done_one();
     let mut sections = Vec::new();
-    for &mode in &s.modes {
+    for &mode in modes {
         let mut figures = Vec::new();
         if s.wants(Group::Size) {
             for &p in &s.payloads {
-                let limit = bench.target.max_message_size;
+                let limit = bench.max_message_size();
                 if p.saturating_add(HEADER_ROOM) > limit {
                     // Only a broker at --url can be too small: ours are sized to fit.
                     figures.push(Figure {
@@ -124,7 +214,7 @@ async fn transport_sections(
                 } else {
                     figures.push(bench.size(mode, p).await?);
                 }
-                progress.done_one();
+                bench.progress.done_one();
             }
         }
         for (group, list, first) in [
@@ -142,7 +232,7 @@ async fn transport_sections(
                     (n, 1)
                 };
                 sweep.push(bench.sweep(mode, group, c, k).await?);
-                progress.done_one();
+                bench.progress.done_one();
             }
             // Only a sweep that starts at 1 has a same-run reference to relate to.
             if list.first() == Some(&1) {
@@ -152,31 +242,32 @@ async fn transport_sections(
         }
         if s.wants(Group::RoundTrip) {
             figures.push(bench.round_trip(mode).await?);
-            progress.done_one();
+            bench.progress.done_one();
         }
         if s.wants(Group::Rate) {
             figures.push(bench.rate(mode).await?);
-            progress.done_one();
+            bench.progress.done_one();
         }
+        let runs_on = if mode.needs_broker() { &broker } else { &peer };
         sections.push(Section {
             transport,
             mode: Some(mode.name()),
+            wait: wait.to_string(),
+            brokered: mode.needs_broker(),
             about: mode.about().to_owned(),
-            broker: broker.clone(),
+            broker: runs_on.clone().unwrap_or_default(),
             figures,
         });
     }
-    let mut limits = vec![limits_figure(transport, stream)];
-    limits.push(limit_figure(SHM_PING_PONG, None, Some(SHM_MISSING)));
-    if s.wants(Group::Memory) {
-        progress.doing(format!(
+    if wants_memory(s, transport, pass) {
+        bench.progress.doing(format!(
             "{transport} broker memory, {} idle connections",
             s.idle_connections
         ));
         let memory = if s.url.is_some() || transport.in_process() {
             None
         } else {
-            idle::measure(transport, s.idle_connections, dir).await?
+            idle::measure(transport, s.idle_connections, bench.dir).await?
         };
         limits.push(Figure {
             group: Some(Group::Memory),
@@ -188,28 +279,67 @@ async fn transport_sections(
                 .then(|| "not measured: the broker is not a child process of the bench".into()),
             ..Figure::default()
         });
-        progress.done_one();
+        bench.progress.done_one();
     }
-    sections.push(Section {
-        transport,
-        mode: None,
-        about: "bare limits of the transport and the broker's idle memory".into(),
-        broker,
-        figures: limits,
-    });
+    if !limits.is_empty() {
+        sections.push(Section {
+            transport,
+            mode: None,
+            wait: wait.to_string(),
+            brokered: broker.is_some(),
+            about: if broker.is_some() {
+                "bare limits of the transport and the broker's idle memory"
+            } else {
+                "bare limits of the transport"
+            }
+            .into(),
+            broker: broker.or(peer).unwrap_or_default(),
+            figures: limits,
+        });
+    }
     Ok(sections)
 }
 
-fn limits_figure(transport: Transport, stream: Option<super::report::Stat>) -> Figure {
-    let label = "bare socket streaming, 1 MiB writes, two processes";
-    match transport.bare() {
-        BareKind::Socket => limit_figure(label, stream, None),
-        BareKind::None | BareKind::SharedMemory => limit_figure(
-            label,
-            None,
-            Some("not applicable: no socket on this transport"),
-        ),
+/// Sets each round trip measured with a wait strategy beside the same
+/// figure with the default wait, from the same run: latency mode against
+/// the default mode.
+fn relate_waits(sections: &mut [Section]) {
+    let defaults: Vec<(Transport, &'static str, f64)> = sections
+        .iter()
+        .filter(|s| s.wait == Wait::DEFAULT.to_string())
+        .filter_map(|s| Some((s.transport, s.mode?, round_trip_p50(s)?)))
+        .collect();
+    for section in sections
+        .iter_mut()
+        .filter(|s| s.wait != Wait::DEFAULT.to_string())
+    {
+        let Some(&(_, _, default_p50)) = defaults
+            .iter()
+            .find(|(t, m, _)| *t == section.transport && Some(*m) == section.mode)
+        else {
+            continue;
+        };
+        for f in &mut section.figures {
+            if f.group != Some(Group::RoundTrip) {
+                continue;
+            }
+            let p50 = f.latency.as_ref().map(|l| l.median.p50_us);
+            f.baselines.push(Baseline::measured(
+                "p50 with the default wait",
+                "us",
+                super::report::Stat::of(vec![default_p50]),
+                p50,
+            ));
+        }
     }
+}
+
+fn round_trip_p50(s: &Section) -> Option<f64> {
+    s.figures
+        .iter()
+        .find(|f| f.group == Some(Group::RoundTrip))
+        .and_then(|f| f.latency.as_ref())
+        .map(|l| l.median.p50_us)
 }
 
 #[cfg(test)]
@@ -242,7 +372,7 @@ mod tests {
             panic!()
         };
         let s = Settings::resolve(&BenchArgs { ..args }).unwrap();
-        // Per transport: streaming, 2 modes × (3 sizes + 2 + 1 + rate), memory.
+        // Per transport: limits, 2 modes × (3 sizes + 2 + 1 + rate), memory.
         assert_eq!(planned(&s), 2 * (1 + 2 * 7 + 1));
     }
 }

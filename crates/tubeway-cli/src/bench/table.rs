@@ -8,8 +8,11 @@ use super::machine::show_load;
 use super::report::{Baseline, Figure, Report, Section, Stat};
 use crate::output::table_aligned;
 
-/// A 1-minute load average above which the report warns that other work
-/// competed with the run.
+/// The share of the CPUs taken by other processes above which the report
+/// warns that other work competed with the run.
+const BUSY_SHARE: f64 = 0.1;
+/// Without that share, the 1-minute load average at the start above which
+/// it warns.
 const BUSY_LOAD: f64 = 0.5;
 
 /// `35,012`, `123.4`, `5.67`, `0.0123`: enough digits to compare, no more.
@@ -65,6 +68,11 @@ fn ratio(b: Option<&Baseline>) -> String {
         .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}x"))
 }
 
+fn client(f: &Figure) -> String {
+    f.client
+        .map_or_else(|| "-".to_owned(), |c| c.label().to_owned())
+}
+
 fn mib(kib: Option<u64>) -> String {
     kib.map_or_else(
         || "-".to_owned(),
@@ -84,21 +92,36 @@ pub fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         out,
-        "load:     {} before, {} after (1, 5, 15 min; above ~0.5 other work competes for the CPUs)",
+        "load:     {} before, {} after (1, 5, 15 min; the bench's own threads count in the load after)",
         show_load(m.load_before),
         show_load(m.load_after)
     );
-    let busiest = [m.load_before, m.load_after]
-        .iter()
-        .flatten()
-        .map(|l| l[0])
-        .fold(0.0, f64::max);
-    if busiest > BUSY_LOAD {
-        let _ = writeln!(
-            out,
-            "warning:  1-minute load average up to {busiest:.2}: other work shared the CPUs, \
-             so absolute figures are pessimistic; compare ratios"
-        );
+    // The CPU time other processes took tells; the load average after the
+    // run counts the bench's own (spinning) threads, so only the one
+    // before it is a fallback.
+    match (m.other_cpu, m.load_before) {
+        (Some(share), _) => {
+            let _ = writeln!(
+                out,
+                "others:   other processes used {:.0}% of the CPUs during the run",
+                share * 100.0
+            );
+            if share > BUSY_SHARE {
+                let _ = writeln!(
+                    out,
+                    "warning:  other work shared the CPUs, so absolute figures are \
+                     pessimistic; compare ratios"
+                );
+            }
+        }
+        (None, Some([load, ..])) if load > BUSY_LOAD => {
+            let _ = writeln!(
+                out,
+                "warning:  1-minute load average {load:.2} at the start: other work shared \
+                 the CPUs, so absolute figures are pessimistic; compare ratios"
+            );
+        }
+        (None, _) => {}
     }
     let _ = writeln!(out, "method:   {}", r.method.summary);
     let _ = writeln!(out, "build:    tubeway {} ({})", r.version, r.build);
@@ -116,15 +139,21 @@ pub fn render(r: &Report) -> String {
 }
 
 fn render_section(out: &mut String, s: &Section) {
+    let wait = if s.wait == "default" {
+        String::new()
+    } else {
+        format!(" (wait {})", s.wait)
+    };
     match s.mode {
         Some(mode) => {
-            let _ = writeln!(out, "== {} {mode}: {}", s.transport, s.about);
+            let _ = writeln!(out, "== {} {mode}{wait}: {}", s.transport, s.about);
         }
         None => {
-            let _ = writeln!(out, "== {} limits: {}", s.transport, s.about);
+            let _ = writeln!(out, "== {} limits{wait}: {}", s.transport, s.about);
         }
     }
-    let _ = writeln!(out, "   broker: {}", s.broker);
+    let far = if s.brokered { "broker" } else { "peer" };
+    let _ = writeln!(out, "   {far}: {}", s.broker);
     let mut groups: Vec<Option<Group>> = Vec::new();
     for f in &s.figures {
         if !groups.contains(&f.group) {
@@ -137,15 +166,15 @@ fn render_section(out: &mut String, s: &Section) {
         let table = match g {
             Some(Group::Size) => {
                 out.push_str("throughput by payload size, 1 connection, 1 in flight\n");
-                throughput(&figs, "payload", true)
+                throughput(&figs, "payload", Some(far))
             }
             Some(Group::Connections) => {
                 out.push_str("throughput by connection count, 1 in flight each\n");
-                throughput(&figs, "connections", false)
+                throughput(&figs, "connections", None)
             }
             Some(Group::InFlight) => {
                 out.push_str("throughput by requests in flight, 1 connection\n");
-                throughput(&figs, "in flight", false)
+                throughput(&figs, "in flight", None)
             }
             Some(Group::RoundTrip) => {
                 out.push_str("round-trip latency (µs), 1 in flight\n");
@@ -202,8 +231,8 @@ fn baseline_cells(f: &Figure, columns: &[&Baseline]) -> Vec<String> {
     cells
 }
 
-/// A throughput table; `sizes` adds memory columns.
-fn throughput(figs: &[&Figure], what: &str, sizes: bool) -> String {
+/// A throughput table; `memory_of` (the far end's name) adds memory columns.
+fn throughput(figs: &[&Figure], what: &str, memory_of: Option<&str>) -> String {
     let publish = figs.iter().any(|f| f.drops.is_some());
     let mut header: Vec<String> = [what, "msg/s", "min-max", "MB/s"]
         .map(str::to_owned)
@@ -212,9 +241,10 @@ fn throughput(figs: &[&Figure], what: &str, sizes: bool) -> String {
         header.extend(["deliveries/s".to_owned(), "drops".to_owned()]);
     }
     let names = baseline_columns(figs, &mut header, true);
-    if sizes {
-        header.extend(["peak RSS bench".to_owned(), "peak RSS broker".to_owned()]);
+    if let Some(far) = memory_of {
+        header.extend(["peak RSS bench".to_owned(), format!("peak RSS {far}")]);
     }
+    header.push("client".to_owned());
     let notes = figs.iter().any(|f| f.note.is_some());
     if notes {
         header.push(String::new());
@@ -233,11 +263,12 @@ fn throughput(figs: &[&Figure], what: &str, sizes: bool) -> String {
                 row.push(f.drops.map_or_else(|| "-".to_owned(), |d| d.to_string()));
             }
             row.extend(baseline_cells(f, &names));
-            if sizes {
+            if memory_of.is_some() {
                 let rss = f.rss.unwrap_or_default();
                 row.push(mib(rss.bench_kib));
                 row.push(mib(rss.broker_kib));
             }
+            row.push(client(f));
             if notes {
                 row.push(f.note.clone().unwrap_or_default());
             }
@@ -245,9 +276,9 @@ fn throughput(figs: &[&Figure], what: &str, sizes: bool) -> String {
         })
         .collect();
     let refs: Vec<&str> = header.iter().map(String::as_str).collect();
-    let right: Vec<bool> = (0..header.len())
-        .map(|i| i > 0 && !(notes && i + 1 == header.len()))
-        .collect();
+    // Numbers right, the label, the client and the note left.
+    let client_col = header.len() - 1 - usize::from(notes);
+    let right: Vec<bool> = (0..header.len()).map(|i| i > 0 && i < client_col).collect();
     table_aligned(&refs, &rows, &right)
 }
 
@@ -256,6 +287,7 @@ fn latencies(figs: &[&Figure]) -> String {
     header.extend(COLUMNS.iter().map(|(n, _)| (*n).to_owned()));
     header.push("samples".to_owned());
     let names = baseline_columns(figs, &mut header, false);
+    header.push("client".to_owned());
     header.push("".to_owned());
     let rows = figs
         .iter()
@@ -265,6 +297,7 @@ fn latencies(figs: &[&Figure]) -> String {
             row.extend(COLUMNS.iter().map(|(_, get)| num(get(&l))));
             row.push(thousands(l.count as f64));
             row.extend(baseline_cells(f, &names));
+            row.push(client(f));
             let note = f.latency.as_ref().and_then(|l| {
                 Some(format!(
                     "achieved {} msg/s; sender at most {} µs behind schedule",
@@ -278,7 +311,7 @@ fn latencies(figs: &[&Figure]) -> String {
         .collect::<Vec<_>>();
     let refs: Vec<&str> = header.iter().map(String::as_str).collect();
     let right: Vec<bool> = (0..header.len())
-        .map(|i| i > 0 && i + 1 < header.len())
+        .map(|i| i > 0 && i + 2 < header.len())
         .collect();
     table_aligned(&refs, &rows, &right)
 }
@@ -295,12 +328,20 @@ fn limits(figs: &[&Figure]) -> String {
                 mib(Some(m.loaded_kib)),
                 m.per_connection_kib
             )
+        } else if let Some(l) = &f.latency {
+            let p50: Vec<f64> = l.runs.iter().map(|r| r.p50_us).collect();
+            format!(
+                "{} µs round trip p50 (min-max {}), {} round trips/s",
+                num(l.median.p50_us),
+                spread(Stat::of(p50).as_ref()),
+                median(f.msgs_per_sec.as_ref())
+            )
         } else if let Some(mb) = &f.mb_per_sec {
             format!("{} MB/s (min-max {})", num(mb.median), spread(Some(mb)))
         } else {
             f.note.clone().unwrap_or_else(|| "-".to_owned())
         };
-        let _ = writeln!(out, "{:<52}  {value}", f.label);
+        let _ = writeln!(out, "{:<58}  {value}", f.label);
     }
     out.pop();
     out
@@ -340,7 +381,7 @@ mod tests {
         };
         let a = fig("64 B", 35_000.0);
         let b = fig("200 MB", 2.5);
-        let t = throughput(&[&a, &b], "payload", false);
+        let t = throughput(&[&a, &b], "payload", None);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3, "{t}");
         assert!(lines[0].starts_with("payload"), "{t}");
@@ -352,8 +393,12 @@ mod tests {
             lines[2].contains("2.50") && lines[2].contains("2.25-2.75"),
             "{t}"
         );
-        // Right-aligned: every row ends at the same column.
-        let ends: Vec<usize> = lines.iter().map(|l| l.chars().count()).collect();
-        assert!(ends.windows(2).all(|w| w[0] == w[1]), "{t}");
+        // Numbers right-aligned: the ratios end where their header does.
+        let end = |l: &str, cell: &str| l.find(cell).map(|i| i + cell.len());
+        let ratio = end(lines[0], "ratio");
+        assert!(ratio.is_some(), "{t}");
+        assert!(lines[1..].iter().all(|l| end(l, "0.50x") == ratio), "{t}");
+        // The client column comes last, left-aligned.
+        assert!(lines[0].trim_end().ends_with("client"), "{t}");
     }
 }

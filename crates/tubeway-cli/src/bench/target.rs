@@ -9,6 +9,7 @@ use tubeway::{AsyncClient, Broker, BrokerConfig, ClientOptions, Url};
 use super::child::ChildProc;
 use super::memory::Proc;
 use super::transport::Transport;
+use super::wait::Wait;
 use crate::cli::{MAX_MESSAGE_SIZE_LIMIT, MIN_MESSAGE_SIZE_LIMIT};
 
 /// Room for the header beside the largest payload.
@@ -17,8 +18,6 @@ pub const HEADER_ROOM: usize = 64 * 1024;
 /// A broker to bench.
 #[derive(Debug)]
 pub struct Target {
-    /// Its transport.
-    pub transport: Transport,
     /// Its address.
     pub url: String,
     /// Where it runs, for the report.
@@ -38,20 +37,22 @@ enum Kind {
 }
 
 impl Target {
-    /// Starts a broker for `transport` able to take `largest_payload`, or
-    /// uses the one at `url`.
+    /// Starts a broker for `transport` able to take `largest_payload`, its
+    /// connections and ours waiting by `wait`, or uses the one at `url`.
     pub async fn start(
         transport: Transport,
         url: Option<&str>,
         largest_payload: usize,
         dir: &Path,
         tag: &str,
+        wait: Wait,
     ) -> anyhow::Result<Target> {
         let limit = max_message_size(largest_payload);
         let options = ClientOptions {
             timeout: Duration::from_secs(60),
             max_message_size: limit,
             name: concat!("tubeway-bench/", env!("CARGO_PKG_VERSION")).to_owned(),
+            wait: wait.strategy(),
             ..ClientOptions::default()
         };
         let listen = transport.listen_url(dir, tag);
@@ -62,7 +63,11 @@ impl Target {
                 format!("already running at {url} (--url)"),
             )
         } else if transport.in_process() {
-            let broker = Broker::new(BrokerConfig::default().max_message_size(limit));
+            let mut config = BrokerConfig::default().max_message_size(limit);
+            if let Some(w) = wait.strategy() {
+                config = config.wait(w);
+            }
+            let broker = Broker::new(config);
             crate::server::install_builtins(&broker)?;
             let bound = broker.listen(&listen.parse::<Url>()?).await?;
             (
@@ -71,7 +76,7 @@ impl Target {
                 "inside the bench process (tubeway::Broker on its runtime)".to_owned(),
             )
         } else {
-            let args = [
+            let mut args = [
                 "server",
                 "--listen",
                 &listen,
@@ -81,7 +86,11 @@ impl Target {
                 "--log-level",
                 "warn",
             ]
-            .map(str::to_owned);
+            .map(str::to_owned)
+            .to_vec();
+            if let Some(w) = wait.strategy() {
+                args.extend(["--wait".to_owned(), w.to_string()]);
+            }
             let cmd = ChildProc::command(&args)?;
             let what = format!("broker process (`tubeway server --listen {listen}`)");
             let proc = tokio::task::spawn_blocking(move || ChildProc::start(cmd, &what)).await??;
@@ -94,7 +103,6 @@ impl Target {
         let max_message_size = probe.max_message_size();
         probe.close().await;
         Ok(Target {
-            transport,
             url,
             description,
             options,

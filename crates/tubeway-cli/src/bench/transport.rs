@@ -1,8 +1,8 @@
 //! The transports the bench knows, in one list.
 //!
 //! A transport is offered only when this build's `tubeway::Url` parses its
-//! scheme, so `shm` becomes a valid `--transport` the day the shared-memory
-//! transport lands, with no change here.
+//! scheme. `fifo` (named pipes) carries channels only, so it is measured by
+//! `--mode channel` alone.
 
 use std::fmt;
 use std::path::Path;
@@ -21,14 +21,17 @@ pub enum Transport {
     Unix,
     /// TCP over the loopback interface.
     Tcp,
+    /// A pair of named pipes (channels only).
+    Fifo,
 }
 
 /// Every transport the bench knows, in the order the report shows them.
-const KNOWN: [Transport; 4] = [
+const KNOWN: [Transport; 5] = [
     Transport::Mem,
     Transport::Shm,
     Transport::Unix,
     Transport::Tcp,
+    Transport::Fifo,
 ];
 
 /// Which bare limits apply to a transport.
@@ -38,9 +41,12 @@ pub enum BareKind {
     None,
     /// A std socket of the same kind, between two processes.
     Socket,
-    /// A cache-line ping-pong through shared memory between two processes
-    /// (measured once the shared-memory crate exists).
+    /// Ping-pongs through shared memory (`tubeway_ring::PingPong`) between
+    /// two processes.
     SharedMemory,
+    /// The same ping-pongs between two threads of the bench (in-process
+    /// transports).
+    Threads,
 }
 
 impl Transport {
@@ -61,6 +67,7 @@ impl Transport {
             Transport::Shm => "shm",
             Transport::Unix => "unix",
             Transport::Tcp => "tcp",
+            Transport::Fifo => "fifo",
         }
     }
 
@@ -71,6 +78,7 @@ impl Transport {
             Transport::Shm => "shm://probe",
             Transport::Unix => "unix:///tmp/probe.sock",
             Transport::Tcp => "tcp://127.0.0.1:0",
+            Transport::Fifo => "fifo:///tmp/probe",
         }
     }
 
@@ -83,6 +91,7 @@ impl Transport {
             Transport::Shm => format!("shm://tubeway-bench-{pid}-{tag}"),
             Transport::Unix => format!("unix://{}", dir.join(format!("{tag}.sock")).display()),
             Transport::Tcp => "tcp://127.0.0.1:0".to_owned(),
+            Transport::Fifo => format!("fifo://{}", dir.join(tag).display()),
         }
     }
 
@@ -92,17 +101,24 @@ impl Transport {
         KNOWN.into_iter().find(|t| t.name() == scheme)
     }
 
-    /// Whether the broker must run inside the bench process.
+    /// Whether the broker (or the channel peer) must run inside the bench
+    /// process.
     pub fn in_process(self) -> bool {
         self == Transport::Mem
+    }
+
+    /// Whether a broker can listen on it (every transport but `fifo`).
+    pub fn brokered(self) -> bool {
+        self != Transport::Fifo
     }
 
     /// The bare limit this transport is compared with.
     pub fn bare(self) -> BareKind {
         match self {
-            Transport::Mem => BareKind::None,
+            Transport::Mem => BareKind::Threads,
             Transport::Shm => BareKind::SharedMemory,
             Transport::Unix | Transport::Tcp => BareKind::Socket,
+            Transport::Fifo => BareKind::None,
         }
     }
 }
@@ -143,7 +159,12 @@ mod tests {
     #[test]
     fn the_socket_transports_are_always_there() {
         let all = Transport::available();
-        for t in [Transport::Mem, Transport::Unix, Transport::Tcp] {
+        for t in [
+            Transport::Mem,
+            Transport::Unix,
+            Transport::Tcp,
+            Transport::Fifo,
+        ] {
             assert!(all.contains(&t), "{t}");
         }
         assert_eq!(parse_transport("TCP"), Ok(Transport::Tcp));
@@ -167,6 +188,8 @@ mod tests {
             "unix://d/broker.sock"
         );
         assert_eq!(Transport::Tcp.listen_url(dir, "x"), "tcp://127.0.0.1:0");
+        assert_eq!(Transport::Fifo.listen_url(dir, "c"), "fifo://d/c");
+        assert!(!Transport::Fifo.brokered() && Transport::Shm.brokered());
         assert_eq!(Transport::of_url("unix:///a"), Some(Transport::Unix));
         assert_eq!(Transport::of_url("TCP://h:1"), Some(Transport::Tcp));
         assert_eq!(Transport::of_url("nothing"), None);

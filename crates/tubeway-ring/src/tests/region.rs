@@ -240,6 +240,45 @@ fn a_ping_pong_crosses_threads_and_mappings() {
 }
 
 #[test]
+fn a_ping_pong_carries_payloads_both_ways() {
+    let created = Arc::new(PingPong::create().unwrap());
+    let opened =
+        Arc::new(PingPong::open(created.fd().unwrap().try_clone_to_owned().unwrap()).unwrap());
+    let deadline = Some(Instant::now() + Duration::from_secs(10));
+    let max = PingPong::MAX_PAYLOAD;
+    // The opener answers each payload with its bytes reversed.
+    let echo = std::thread::spawn(move || {
+        let mut buf = vec![0u8; max];
+        for seq in 1..=(max as u64 + 1) {
+            assert_eq!(opened.wait(Side::Opener, seq, deadline), Ok(seq));
+            let n = opened.read_payload(Side::Opener, &mut buf);
+            buf[..n].reverse();
+            opened.post_payload(Side::Opener, seq, &buf[..n]).unwrap();
+        }
+    });
+    let mut back = vec![0u8; max];
+    for len in 0..=max {
+        let sent: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
+        let seq = len as u64 + 1;
+        created.post_payload(Side::Creator, seq, &sent).unwrap();
+        assert_eq!(created.wait(Side::Creator, seq, deadline), Ok(seq));
+        assert_eq!(created.read_payload(Side::Creator, &mut back), len);
+        let mut expected = sent.clone();
+        expected.reverse();
+        assert_eq!(&back[..len], &expected[..], "{len} bytes");
+    }
+    echo.join().unwrap();
+    // A short buffer gets the start; too long a payload posts nothing.
+    let mut three = [0u8; 3];
+    assert_eq!(created.read_payload(Side::Creator, &mut three), 3);
+    assert_eq!(
+        created.post_payload(Side::Creator, 999, &vec![0; max + 1]),
+        Err(crate::PostError::TooLarge { len: max + 1, max })
+    );
+    assert_eq!(created.peer(Side::Opener), max as u64 + 1);
+}
+
+#[test]
 fn a_ping_pong_with_a_wrong_magic_is_refused() {
     let pp = PingPong::create().unwrap();
     let fd = pp.fd().unwrap().try_clone_to_owned().unwrap();

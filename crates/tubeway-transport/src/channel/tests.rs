@@ -291,3 +291,72 @@ fn bad_addresses_are_errors() {
     let dir = std::env::temp_dir();
     assert!(connect(&format!("fifo://{}/no-such-fifo", dir.display())).is_err());
 }
+
+/// Each fifo connection has pipes of its own: peers may come at once, and
+/// a peer that comes right after another left (before the listener has
+/// seen it go) never reads the last one's leftovers.
+#[test]
+fn a_fifo_listener_serves_peers_at_once_and_one_after_another() {
+    let path = std::env::temp_dir().join(format!("ch-{}-many", std::process::id()));
+    let url = format!("fifo://{}", path.display());
+    let mut l = ChannelListener::bind(&url).unwrap();
+    // A request from somebody who is not a connector, and one from a
+    // connector that gave up (its pipes are gone): both skipped.
+    {
+        use std::io::Write;
+        let mut rendezvous = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        rendezvous.write_all(&[7u8; 32]).unwrap();
+        let mut gone = b"TWFIFO\x02\x00".to_vec();
+        gone.extend_from_slice(b"1-999999");
+        gone.resize(32, 0);
+        rendezvous.write_all(&gone).unwrap();
+    }
+    let server = thread::spawn(move || {
+        // Each accepted peer echoes on a thread of its own, leaving one
+        // extra message unread behind it.
+        let mut echoes = Vec::new();
+        for _ in 0..12 {
+            let mut d = l.accept().unwrap();
+            echoes.push(thread::spawn(move || {
+                while let Ok(m) = d.reader.recv() {
+                    let m = m.to_vec();
+                    if d.writer.send(&m).is_err() {
+                        break;
+                    }
+                    let _ = d.writer.send(b"left behind");
+                }
+            }));
+        }
+        for e in echoes {
+            e.join().unwrap();
+        }
+    });
+    // Four at once, then eight one right after another.
+    let together: Vec<_> = (0..4u64)
+        .map(|i| {
+            let url = url.clone();
+            thread::spawn(move || {
+                let mut d = connect(&url).unwrap();
+                d.send(&message(i, 300)).unwrap();
+                assert!(*d.recv().unwrap() == message(i, 300)[..], "peer {i}");
+            })
+        })
+        .collect();
+    for t in together {
+        t.join().unwrap();
+    }
+    for i in 10..18u64 {
+        let mut d = connect(&url).unwrap();
+        d.send(&message(i, 100)).unwrap();
+        assert!(*d.recv().unwrap() == message(i, 100)[..], "peer {i}");
+    }
+    server.join().unwrap();
+    // Nothing is left in the directory but the listener's own pipe.
+    let dir = std::fs::read_dir(std::env::temp_dir()).unwrap();
+    let prefix = format!("ch-{}-many.", std::process::id());
+    let left: Vec<_> = dir
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

@@ -1,11 +1,14 @@
 //! `call`: a function call through the broker, answered by an empty `ok`.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures::future::BoxFuture;
+use tubeway::Message;
 
 use super::{
-    close_all, empty_ok, frame_len, Exchange, Mode, Senders, Setup, Workload, BINARY_MIME, TIMEOUT,
+    empty_ok, frame_len, ClientKind, Exchange, FnLane, Lane, Mode, Senders, Setup, Workload,
+    BINARY_MIME, TIMEOUT,
 };
 
 /// The built-in function that answers an empty `ok`.
@@ -32,9 +35,7 @@ impl Mode for Call {
     }
 
     fn prepare<'a>(&'a self, setup: &'a Setup) -> BoxFuture<'a, anyhow::Result<Arc<dyn Workload>>> {
-        Box::pin(
-            async move { Ok(Arc::new(Calls(Senders::open(setup).await?)) as Arc<dyn Workload>) },
-        )
+        Box::pin(Calls::open(setup, ACK, false))
     }
 }
 
@@ -43,18 +44,65 @@ pub fn request_len(function: &str, payload: usize) -> usize {
     frame_len(&[TIMEOUT, function.len(), BINARY_MIME], payload)
 }
 
-struct Calls(Senders);
+/// Calls of one built-in function: `ack` (an empty answer) or `echo` (the
+/// payload back).
+pub struct Calls {
+    senders: Senders,
+    function: &'static str,
+    echoes: bool,
+}
+
+impl Calls {
+    /// Opens the connections of a workload calling `function`.
+    pub async fn open(
+        setup: &Setup,
+        function: &'static str,
+        echoes: bool,
+    ) -> anyhow::Result<Arc<dyn Workload>> {
+        Ok(Arc::new(Calls {
+            senders: Senders::open(setup).await?,
+            function,
+            echoes,
+        }))
+    }
+
+    /// Checks that the answer is what the function sends back.
+    fn check(&self, reply: &Message) -> anyhow::Result<()> {
+        let expected = if self.echoes {
+            self.senders.setup.payload.len()
+        } else {
+            0
+        };
+        anyhow::ensure!(
+            reply.payload.len() == expected,
+            "`{}` answered {} bytes, {expected} expected",
+            self.function,
+            reply.payload.len()
+        );
+        Ok(())
+    }
+}
 
 impl Workload for Calls {
+    fn client(&self) -> ClientKind {
+        self.senders.conns.kind()
+    }
+
     fn op(&self, lane: usize) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {
-            let reply = self.0.client(lane)?.send(ACK, self.0.message()).await?;
-            anyhow::ensure!(reply.payload.is_empty(), "`ack` answered a payload");
-            Ok(())
+            let client = self.senders.conns.async_client(lane)?;
+            self.check(&client.send(self.function, self.senders.message()).await?)
         })
     }
 
+    fn lane(&self, lane: usize, _give_up: Instant) -> anyhow::Result<Box<dyn Lane + '_>> {
+        let client = self.senders.conns.blocking(lane)?;
+        Ok(Box::new(FnLane(move || {
+            self.check(&client.send(self.function, self.senders.message())?)
+        })))
+    }
+
     fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(close_all(&self.0.clients))
+        Box::pin(self.senders.conns.close())
     }
 }

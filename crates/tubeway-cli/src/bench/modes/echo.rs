@@ -4,10 +4,8 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use super::call::request_len;
-use super::{
-    close_all, frame_len, Exchange, Mode, Senders, Setup, Workload, BINARY_MIME, CORRELATION,
-};
+use super::call::{request_len, Calls};
+use super::{frame_len, Exchange, Mode, Setup, Workload, BINARY_MIME, CORRELATION};
 
 /// The built-in function that answers with the request's payload.
 pub const ECHO: &str = "echo";
@@ -33,29 +31,6 @@ impl Mode for Echo {
     }
 
     fn prepare<'a>(&'a self, setup: &'a Setup) -> BoxFuture<'a, anyhow::Result<Arc<dyn Workload>>> {
-        Box::pin(
-            async move { Ok(Arc::new(Echoes(Senders::open(setup).await?)) as Arc<dyn Workload>) },
-        )
-    }
-}
-
-struct Echoes(Senders);
-
-impl Workload for Echoes {
-    fn op(&self, lane: usize) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(async move {
-            let reply = self.0.client(lane)?.send(ECHO, self.0.message()).await?;
-            anyhow::ensure!(
-                reply.payload.len() == self.0.setup.payload.len(),
-                "`echo` answered {} bytes for {}",
-                reply.payload.len(),
-                self.0.setup.payload.len()
-            );
-            Ok(())
-        })
-    }
-
-    fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(close_all(&self.0.clients))
+        Box::pin(Calls::open(setup, ECHO, true))
     }
 }

@@ -2,22 +2,30 @@
 //!
 //! A mode is a [`Mode`] (its name, the bytes one operation moves, how to set
 //! it up) that prepares a [`Workload`] (the connections and whatever else one
-//! figure needs). The runner only ever calls [`Workload::op`], so a new mode
-//! is one file here and one line in [`MODES`]; a mode without a broker (a raw
-//! point-to-point channel) says so with [`Mode::needs_broker`].
+//! figure needs). The runner drives a workload in one of two ways, by its
+//! [`ClientKind`]: tasks calling [`Workload::op`] (the `AsyncClient`, any
+//! number in flight), or one thread per connection running the
+//! [`Lane`] that [`Workload::lane`] gives (the blocking `Client` and
+//! channels). A new mode is one file here and one line in [`MODES`]; a mode
+//! without a broker (a raw point-to-point channel) says so with
+//! [`Mode::needs_broker`].
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use tubeway::{AsyncClient, ClientOptions, Message};
+use tubeway::channel::ChannelOptions;
+use tubeway::{AsyncClient, Client, ClientOptions, Message};
 
+use super::runner::RateOutcome;
+use super::threads::off_runtime;
 use super::transport::names;
 use crate::cli::UsageError;
 
 mod call;
+mod channel;
 mod echo;
 mod oneway;
 mod publish;
@@ -30,6 +38,7 @@ pub static MODES: &[&dyn Mode] = &[
     &oneway::Oneway,
     &queue::Queue,
     &publish::Publish,
+    &channel::Channel,
 ];
 
 /// One kind of operation to benchmark.
@@ -50,15 +59,76 @@ pub trait Mode: Send + Sync + fmt::Debug {
         true
     }
 
+    /// The client that drives `connections` connections of `in_flight`
+    /// operations each: one operation in flight is the blocking `Client`'s
+    /// (it drives its connection from the calling thread, the best a
+    /// caller can do), anything pipelined the `AsyncClient`'s.
+    fn client(&self, connections: usize, in_flight: usize) -> ClientKind {
+        if connections == 1 && in_flight == 1 {
+            ClientKind::Blocking
+        } else {
+            ClientKind::Async
+        }
+    }
+
     /// Connects and sets up what one figure needs.
     fn prepare<'a>(&'a self, setup: &'a Setup) -> BoxFuture<'a, anyhow::Result<Arc<dyn Workload>>>;
 }
 
+/// Which client drives a figure's operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClientKind {
+    /// `tubeway::Client`, one thread per connection, each call driven from
+    /// that thread.
+    Blocking,
+    /// `tubeway::AsyncClient`, tasks on the bench's runtime.
+    Async,
+    /// A `tubeway::channel` end, one thread per channel.
+    Channel,
+}
+
+impl ClientKind {
+    /// How the report names it.
+    pub fn label(self) -> &'static str {
+        match self {
+            ClientKind::Blocking => "blocking Client",
+            ClientKind::Async => "AsyncClient",
+            ClientKind::Channel => "channel",
+        }
+    }
+}
+
 /// A prepared figure: connections, queues, topics, subscribers.
 pub trait Workload: Send + Sync {
+    /// The client that drives it: tasks calling [`op`](Workload::op)
+    /// ([`ClientKind::Async`]), or lane threads.
+    fn client(&self) -> ClientKind;
+
     /// One operation on connection `lane` (taken modulo the connections);
-    /// returns once it is complete.
-    fn op(&self, lane: usize) -> BoxFuture<'_, anyhow::Result<()>>;
+    /// returns once it is complete. For [`ClientKind::Async`].
+    fn op(&self, lane: usize) -> BoxFuture<'_, anyhow::Result<()>> {
+        let _ = lane;
+        Box::pin(async { Err(anyhow::anyhow!("this workload runs on lane threads")) })
+    }
+
+    /// The operations of connection `lane`, for a thread of its own (not a
+    /// runtime's); no wait of theirs outlasts `give_up`.
+    fn lane(&self, lane: usize, give_up: Instant) -> anyhow::Result<Box<dyn Lane + '_>> {
+        let _ = (lane, give_up);
+        anyhow::bail!("this workload runs on tasks")
+    }
+
+    /// A fixed-rate run that the workload paces itself; `None` lets the
+    /// runner pace [`op`](Workload::op).
+    fn fixed_rate(
+        &self,
+        rate: u64,
+        d: Duration,
+    ) -> Option<BoxFuture<'_, anyhow::Result<RateOutcome>>> {
+        let _ = (rate, d);
+        None
+    }
 
     /// Waits (bounded) until everything sent so far is accounted for, and
     /// returns the deliveries and drops since the last call.
@@ -70,20 +140,46 @@ pub trait Workload: Send + Sync {
     fn close(&self) -> BoxFuture<'_, ()>;
 }
 
+/// One connection's operations, run back to back on a thread of its own.
+pub trait Lane: Send {
+    /// One operation, complete when it returns.
+    fn op(&mut self) -> anyhow::Result<()>;
+
+    /// Once the run is over, completes what is still in flight and returns
+    /// how many operations that completed.
+    fn finish(&mut self) -> anyhow::Result<u64> {
+        Ok(0)
+    }
+}
+
+/// A closure as a lane with one operation in flight.
+pub struct FnLane<F>(pub F);
+
+impl<F: FnMut() -> anyhow::Result<()> + Send> Lane for FnLane<F> {
+    fn op(&mut self) -> anyhow::Result<()> {
+        (self.0)()
+    }
+}
+
 /// What a workload is built from.
 #[derive(Debug, Clone)]
 pub struct Setup {
-    /// The broker's address; for a mode without a broker, a fresh address
-    /// of the transport under test for the mode to listen on.
+    /// The broker's address; for a mode without a broker, its peer's.
     pub url: String,
     /// Connections that send.
     pub connections: usize,
+    /// Operations in flight per connection.
+    pub in_flight: usize,
+    /// The client that drives the operations.
+    pub client: ClientKind,
     /// The payload of every message.
     pub payload: Bytes,
     /// Subscribers, for publish.
     pub subscribers: usize,
     /// Client settings.
     pub options: ClientOptions,
+    /// Channel settings, for a channel mode.
+    pub channel: ChannelOptions,
     /// Unique within the run: names queues and topics.
     pub tag: String,
 }
@@ -94,17 +190,101 @@ impl Setup {
         Message::binary(self.payload.clone(), None)
     }
 
-    /// `n` connections to the broker, opened concurrently.
+    /// `n` async connections to the broker, opened concurrently.
     pub async fn connect(&self, n: usize) -> anyhow::Result<Vec<AsyncClient>> {
         let all = (0..n).map(|_| AsyncClient::connect_with(&self.url, self.options.clone()));
         Ok(futures::future::try_join_all(all).await?)
     }
 }
 
+/// Connections of the kind a figure asks for.
+#[derive(Debug)]
+pub enum Conns {
+    /// Driven by tasks.
+    Async(Vec<AsyncClient>),
+    /// Driven by lane threads.
+    Blocking(Vec<Client>),
+}
+
+impl Conns {
+    /// Opens `n` connections of the kind `setup.client` names.
+    pub async fn open(setup: &Setup, n: usize) -> anyhow::Result<Conns> {
+        if setup.client != ClientKind::Blocking {
+            return Ok(Conns::Async(setup.connect(n).await?));
+        }
+        let (url, options) = (setup.url.clone(), setup.options.clone());
+        let clients = off_runtime("connecting blocking clients", move || {
+            (0..n)
+                .map(|_| Client::connect_with(&url, options.clone()))
+                .collect::<tubeway::Result<Vec<_>>>()
+        })
+        .await??;
+        Ok(Conns::Blocking(clients))
+    }
+
+    /// The kind of client.
+    pub fn kind(&self) -> ClientKind {
+        match self {
+            Conns::Async(_) => ClientKind::Async,
+            Conns::Blocking(_) => ClientKind::Blocking,
+        }
+    }
+
+    /// The async client of `lane`.
+    pub fn async_client(&self, lane: usize) -> anyhow::Result<&AsyncClient> {
+        match self {
+            Conns::Async(c) => pick(c, lane),
+            Conns::Blocking(_) => anyhow::bail!("blocking connections run on lane threads"),
+        }
+    }
+
+    /// The blocking client of `lane`.
+    pub fn blocking(&self, lane: usize) -> anyhow::Result<&Client> {
+        match self {
+            Conns::Blocking(c) => pick(c, lane),
+            Conns::Async(_) => anyhow::bail!("async connections run on tasks"),
+        }
+    }
+
+    /// Pings every connection: answered, it means the broker has read
+    /// everything sent on it before.
+    pub async fn ping_all(&self) -> anyhow::Result<()> {
+        match self {
+            Conns::Async(c) => {
+                futures::future::try_join_all(c.iter().map(AsyncClient::ping)).await?;
+            }
+            Conns::Blocking(c) => {
+                let c = c.clone();
+                off_runtime("pinging", move || {
+                    c.iter().try_for_each(|c| c.ping().map(drop))
+                })
+                .await??;
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes every connection, bounded by the client's own close timeout.
+    pub async fn close(&self) {
+        match self {
+            Conns::Async(c) => close_all(c).await,
+            Conns::Blocking(c) => {
+                let c = c.clone();
+                let _ = off_runtime("closing", move || {
+                    for client in &c {
+                        let _ = client.close();
+                    }
+                })
+                .await;
+            }
+        }
+    }
+}
+
 /// The sending connections of a workload, and what it sends.
 pub struct Senders {
     /// One client per connection.
-    pub clients: Vec<AsyncClient>,
+    pub conns: Conns,
     /// What the workload was built from.
     pub setup: Setup,
 }
@@ -113,14 +293,9 @@ impl Senders {
     /// Opens `setup.connections` connections.
     pub async fn open(setup: &Setup) -> anyhow::Result<Senders> {
         Ok(Senders {
-            clients: setup.connect(setup.connections).await?,
+            conns: Conns::open(setup, setup.connections).await?,
             setup: setup.clone(),
         })
-    }
-
-    /// The client of `lane`.
-    pub fn client(&self, lane: usize) -> anyhow::Result<&AsyncClient> {
-        lane_client(&self.clients, lane)
     }
 
     /// The message to send.
@@ -199,10 +374,10 @@ pub fn parse_list(list: &[String]) -> Result<Vec<&'static dyn Mode>, UsageError>
     Ok(out)
 }
 
-/// The client of `lane`, lanes spread over the connections.
-pub fn lane_client(clients: &[AsyncClient], lane: usize) -> anyhow::Result<&AsyncClient> {
-    clients
-        .get(lane % clients.len().max(1))
+/// The item of `lane`, lanes spread over the items.
+pub fn pick<T>(items: &[T], lane: usize) -> anyhow::Result<&T> {
+    items
+        .get(lane % items.len().max(1))
         .ok_or_else(|| anyhow::anyhow!("no connection for lane {lane}"))
 }
 
@@ -227,10 +402,10 @@ mod tests {
         assert_eq!(names(&["echo", "CALL", "echo"]).unwrap(), ["echo", "call"]);
         assert_eq!(
             names(&["all"]).unwrap(),
-            ["call", "echo", "oneway", "queue", "publish"]
+            ["call", "echo", "oneway", "queue", "publish", "channel"]
         );
-        let err = names(&["channel"]).unwrap_err();
-        assert!(err.contains("unknown mode \"channel\""), "{err}");
+        let err = names(&["carrier-pigeon"]).unwrap_err();
+        assert!(err.contains("unknown mode \"carrier-pigeon\""), "{err}");
     }
 
     #[test]

@@ -6,12 +6,15 @@
 //! order, so the ping's answer means every call before it was read.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures::future::BoxFuture;
-use tubeway::AsyncClient;
 
 use super::call::ACK;
-use super::{close_all, frame_len, Exchange, Mode, Senders, Setup, Tally, Workload, BINARY_MIME};
+use super::{
+    frame_len, ClientKind, Exchange, FnLane, Lane, Mode, Senders, Setup, Tally, Workload,
+    BINARY_MIME,
+};
 
 /// See the module.
 #[derive(Debug)]
@@ -43,24 +46,33 @@ impl Mode for Oneway {
 struct Oneways(Senders);
 
 impl Workload for Oneways {
+    fn client(&self) -> ClientKind {
+        self.0.conns.kind()
+    }
+
     fn op(&self, lane: usize) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {
-            self.0
-                .client(lane)?
-                .send_oneway(ACK, self.0.message())
-                .await?;
+            let client = self.0.conns.async_client(lane)?;
+            client.send_oneway(ACK, self.0.message()).await?;
             Ok(())
         })
     }
 
+    fn lane(&self, lane: usize, _give_up: Instant) -> anyhow::Result<Box<dyn Lane + '_>> {
+        let client = self.0.conns.blocking(lane)?;
+        Ok(Box::new(FnLane(move || {
+            Ok(client.send_oneway(ACK, self.0.message())?)
+        })))
+    }
+
     fn settle(&self) -> BoxFuture<'_, anyhow::Result<Tally>> {
         Box::pin(async move {
-            futures::future::try_join_all(self.0.clients.iter().map(AsyncClient::ping)).await?;
+            self.0.conns.ping_all().await?;
             Ok(Tally::default())
         })
     }
 
     fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(close_all(&self.0.clients))
+        Box::pin(self.0.conns.close())
     }
 }

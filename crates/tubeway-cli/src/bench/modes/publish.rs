@@ -4,7 +4,9 @@
 //! counts what it receives; [`Workload::settle`] waits until every
 //! publish is accounted for as a delivery to each subscriber or as a drop
 //! counted by the broker (`topic_status`), so nothing is lost silently and
-//! the clock stops only once the deliveries are done.
+//! the clock stops only once the deliveries are done. The topic is made,
+//! watched and removed on a connection of its own; subscribers are always
+//! async clients (they are not what is measured).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -15,8 +17,8 @@ use tokio::task::JoinHandle;
 use tubeway::AsyncClient;
 
 use super::{
-    close_all, empty_ok, frame_len, lane_client, Exchange, Mode, Setup, Tally, Workload,
-    BINARY_MIME,
+    close_all, empty_ok, frame_len, ClientKind, Conns, Exchange, FnLane, Lane, Mode, Setup, Tally,
+    Workload, BINARY_MIME,
 };
 
 /// How long deliveries may trail the last publish.
@@ -47,10 +49,10 @@ impl Mode for Publish {
 
     fn prepare<'a>(&'a self, setup: &'a Setup) -> BoxFuture<'a, anyhow::Result<Arc<dyn Workload>>> {
         Box::pin(async move {
-            let publishers = setup.connect(setup.connections).await?;
+            let control = setup.connect(1).await?.remove(0);
             let subscribers = setup.connect(setup.subscribers).await?;
             let topic = format!("bench-{}", setup.tag);
-            lane_client(&publishers, 0)?.create_topic(&topic).await?;
+            control.create_topic(&topic).await?;
             let delivered = Arc::new(AtomicU64::new(0));
             let mut readers = Vec::with_capacity(subscribers.len());
             for s in &subscribers {
@@ -63,7 +65,8 @@ impl Mode for Publish {
                 }));
             }
             Ok(Arc::new(Topic {
-                publishers,
+                publishers: Conns::open(setup, setup.connections).await?,
+                control,
                 subscribers,
                 readers,
                 topic,
@@ -77,7 +80,9 @@ impl Mode for Publish {
 }
 
 struct Topic {
-    publishers: Vec<AsyncClient>,
+    publishers: Conns,
+    /// Makes, watches and removes the topic.
+    control: AsyncClient,
     subscribers: Vec<AsyncClient>,
     readers: Vec<JoinHandle<()>>,
     topic: String,
@@ -89,24 +94,35 @@ struct Topic {
 }
 
 impl Workload for Topic {
+    fn client(&self) -> ClientKind {
+        self.publishers.kind()
+    }
+
     fn op(&self, lane: usize) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {
-            lane_client(&self.publishers, lane)?
-                .publish(&self.topic, self.setup.message())
-                .await?;
+            let publisher = self.publishers.async_client(lane)?;
+            publisher.publish(&self.topic, self.setup.message()).await?;
             self.published.fetch_add(1, Ordering::Relaxed);
             Ok(())
         })
     }
 
+    fn lane(&self, lane: usize, _give_up: Instant) -> anyhow::Result<Box<dyn Lane + '_>> {
+        let publisher = self.publishers.blocking(lane)?;
+        Ok(Box::new(FnLane(move || {
+            publisher.publish(&self.topic, self.setup.message())?;
+            self.published.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        })))
+    }
+
     fn settle(&self) -> BoxFuture<'_, anyhow::Result<Tally>> {
         Box::pin(async move {
             let expected = self.published.load(Ordering::Relaxed) * self.subscribers.len() as u64;
-            let status_client = lane_client(&self.publishers, 0)?;
             let deadline = Instant::now() + SETTLE_TIMEOUT;
             let mut pause = Duration::from_micros(200);
             loop {
-                let drops = status_client.topic_status(&self.topic).await?.dropped;
+                let drops = self.control.topic_status(&self.topic).await?.dropped;
                 let deliveries = self.delivered.load(Ordering::Relaxed);
                 if deliveries + drops >= expected {
                     let now = Tally { deliveries, drops };
@@ -132,11 +148,10 @@ impl Workload for Topic {
 
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            if let Ok(first) = lane_client(&self.publishers, 0) {
-                let _ = first.remove_topic(&self.topic).await;
-            }
-            close_all(&self.publishers).await;
+            let _ = self.control.remove_topic(&self.topic).await;
+            self.publishers.close().await;
             close_all(&self.subscribers).await;
+            self.control.close().await;
             for r in &self.readers {
                 r.abort();
             }

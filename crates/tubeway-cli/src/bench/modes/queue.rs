@@ -2,15 +2,17 @@
 //!
 //! Each sending connection has its own queue and its own consumer
 //! connection, so one operation is a message's whole trip through a queue.
+//! Queues are made and removed on a connection of their own.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures::future::BoxFuture;
 use tubeway::{ops::QueueKind, AsyncClient};
 
 use super::{
-    close_all, empty_ok, frame_len, lane_client, Exchange, Mode, Setup, Workload, BINARY_MIME,
-    BROKER_WAIT, CORRELATION, TIMEOUT,
+    empty_ok, frame_len, pick, ClientKind, Conns, Exchange, FnLane, Lane, Mode, Setup, Workload,
+    BINARY_MIME, BROKER_WAIT, CORRELATION, TIMEOUT,
 };
 
 /// Room for every message in flight; offers never wait for it.
@@ -46,19 +48,19 @@ impl Mode for Queue {
 
     fn prepare<'a>(&'a self, setup: &'a Setup) -> BoxFuture<'a, anyhow::Result<Arc<dyn Workload>>> {
         Box::pin(async move {
-            let producers = setup.connect(setup.connections).await?;
-            let consumers = setup.connect(setup.connections).await?;
+            let control = setup.connect(1).await?.remove(0);
             let mut names = Vec::with_capacity(setup.connections);
-            for (lane, producer) in producers.iter().enumerate() {
+            for lane in 0..setup.connections {
                 let name = format!("bench-{}-{lane}", setup.tag);
-                producer
+                control
                     .create_queue(&name, CAPACITY, QueueKind::Bounded)
                     .await?;
                 names.push(name);
             }
             Ok(Arc::new(Queues {
-                producers,
-                consumers,
+                producers: Conns::open(setup, setup.connections).await?,
+                consumers: Conns::open(setup, setup.connections).await?,
+                control,
                 names,
                 setup: setup.clone(),
             }) as Arc<dyn Workload>)
@@ -67,39 +69,57 @@ impl Mode for Queue {
 }
 
 struct Queues {
-    producers: Vec<AsyncClient>,
-    consumers: Vec<AsyncClient>,
+    producers: Conns,
+    consumers: Conns,
+    /// Makes and removes the queues.
+    control: AsyncClient,
     names: Vec<String>,
     setup: Setup,
 }
 
+fn polled(name: &str, message: Option<tubeway::Message>) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        message.is_some(),
+        "queue {name} stayed empty after an offer"
+    );
+    Ok(())
+}
+
 impl Workload for Queues {
+    fn client(&self) -> ClientKind {
+        self.producers.kind()
+    }
+
     fn op(&self, lane: usize) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {
-            let name = self
-                .names
-                .get(lane % self.names.len().max(1))
-                .ok_or_else(|| anyhow::anyhow!("no queue for lane {lane}"))?;
-            lane_client(&self.producers, lane)?
+            let name = pick(&self.names, lane)?;
+            let producer = self.producers.async_client(lane)?;
+            producer
                 .offer(name, self.setup.message(), BROKER_WAIT)
                 .await?;
-            let polled = lane_client(&self.consumers, lane)?
-                .poll(name, BROKER_WAIT)
-                .await?;
-            anyhow::ensure!(polled.is_some(), "queue {name} stayed empty after an offer");
-            Ok(())
+            let consumer = self.consumers.async_client(lane)?;
+            polled(name, consumer.poll(name, BROKER_WAIT).await?)
         })
+    }
+
+    fn lane(&self, lane: usize, _give_up: Instant) -> anyhow::Result<Box<dyn Lane + '_>> {
+        let name = pick(&self.names, lane)?;
+        let producer = self.producers.blocking(lane)?;
+        let consumer = self.consumers.blocking(lane)?;
+        Ok(Box::new(FnLane(move || {
+            producer.offer(name, self.setup.message(), BROKER_WAIT)?;
+            polled(name, consumer.poll(name, BROKER_WAIT)?)
+        })))
     }
 
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            if let Some(first) = self.producers.first() {
-                for name in &self.names {
-                    let _ = first.remove_queue(name).await;
-                }
+            for name in &self.names {
+                let _ = self.control.remove_queue(name).await;
             }
-            close_all(&self.producers).await;
-            close_all(&self.consumers).await;
+            self.producers.close().await;
+            self.consumers.close().await;
+            self.control.close().await;
         })
     }
 }
