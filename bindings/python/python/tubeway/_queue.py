@@ -21,7 +21,7 @@ class Queue:
         allow: Optional[Iterable[Union[str, type]]] = None,
         timeout: float = 10.0,
         max_message_size: int = 1 << 30,
-        wait: str = "park",
+        wait: str = "default",
     ) -> None:
         if isinstance(serializer, Serializer):
             if allow is not None:
@@ -95,7 +95,7 @@ def queue(
     allow: Optional[Iterable[Union[str, type]]] = None,
     timeout: float = 10.0,
     max_message_size: int = 1 << 30,
-    wait: str = "park",
+    wait: str = "default",
 ) -> Queue:
     """A point-to-point queue over ``url`` (``tcp://``, ``unix://``, ``shm://``).
 
@@ -110,10 +110,11 @@ def queue(
     connect can run code in this process**: use ``allow`` or json/msgpack
     with peers you do not trust.
 
-    ``wait`` is how ``get`` waits: ``"park"`` (sleep until an object comes,
-    the default) or ``"spin-park:50us"`` (latency mode: poll for that long
-    first, which saves a thread wake-up when the answer is quick, at the
-    price of a busy core meanwhile).
+    ``wait`` is how ``get`` waits: ``"default"`` (the transport's own: over
+    shm, poll for 50 µs, then sleep; over sockets, sleep at once),
+    ``"park"`` (sleep until an object comes) or ``"spin-park:DURATION"``
+    (latency mode: poll for that long first, which saves a thread wake-up
+    when the answer is quick, at the price of a busy core meanwhile).
     """
     return Queue(
         url,

@@ -262,7 +262,7 @@ class Endpoint:
     """The native half of tubeway.queue (use tubeway.queue)."""
 
     def __init__(
-        self, url: str, role: str, *, timeout: float = 10.0, max_message_size: int = ..., wait: str = "park"
+        self, url: str, role: str, *, timeout: float = 10.0, max_message_size: int = ..., wait: str = "default"
     ) -> None: ...
     @property
     def url(self) -> str: ...

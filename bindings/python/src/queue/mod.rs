@@ -2,7 +2,15 @@
 //! point-to-point link between processes with no broker. The server role
 //! listens and numbers its peers from 1; a client connects to one server,
 //! its peer 0. Python (`tubeway/_queue.py`) adds the serializers.
+//!
+//! An endpoint's connections live on a runtime of its own, driven by the
+//! thread that waits in `get` (`driver.rs`): with one peer, `get` reads and
+//! decodes the next object on its own thread; with several, their
+//! read-ahead tasks run there and `get` takes from the inbox. Listening and
+//! connecting happen on the process-wide runtime; each connection then
+//! moves to the endpoint's.
 
+mod driver;
 mod framing;
 mod outbox;
 mod peer;
@@ -15,6 +23,7 @@ use std::time::{Duration, Instant};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyTuple};
+use tokio::runtime::Handle;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 use tubeway_transport::{connect, Listener, Url, WaitStrategy};
@@ -22,6 +31,7 @@ use tubeway_transport::{connect, Listener, Url, WaitStrategy};
 use crate::message::COPY_BELOW;
 use crate::runtime::{seconds, wait};
 use crate::{buffer, errors, gil_jobs, pyfuture};
+use driver::{within, Driver, Duties, Farewell};
 use peer::{Event, Peer};
 
 /// Received bytes an endpoint holds for `get` before its readers wait.
@@ -45,11 +55,26 @@ struct Shared {
     inbox_tx: mpsc::UnboundedSender<Event>,
     budget: Arc<Semaphore>,
     next_peer: AtomicU64,
+    /// The endpoint's own runtime, where its connections are served.
+    runtime: Handle,
 }
 
 impl Shared {
-    fn add(&self, id: u64, conn: tubeway_transport::Connection) {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Peers> {
+        self.peers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Moves `conn` to the endpoint's runtime and serves it as peer `id`.
+    fn add(&self, id: u64, conn: tubeway_transport::Connection) -> std::io::Result<()> {
+        if self.lock().closed {
+            return Ok(());
+        }
+        let conn = {
+            let _entered = self.runtime.enter();
+            conn.reregister()?
+        };
         let peer = peer::start(
+            &self.runtime,
             id,
             conn,
             self.max_frame,
@@ -57,10 +82,10 @@ impl Shared {
             self.budget.clone(),
             INBOX_BUDGET,
         );
-        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut peers = self.lock();
         if peers.closed {
             peer.reader.abort();
-            return;
+            return Ok(());
         }
         peers.live.insert(id, peer);
         if peers.live.len() > 1 {
@@ -71,20 +96,34 @@ impl Shared {
         }
         drop(peers);
         self.joined.notify_waiters();
+        Ok(())
+    }
+}
+
+impl Duties for Shared {
+    fn pending(&self) -> bool {
+        self.lock().live.values().any(|p| p.outbox.has_backlog())
+    }
+
+    fn on_duty(&self) {
+        for p in self.lock().live.values() {
+            p.reading.resume();
+        }
     }
 }
 
 impl Drop for PyEndpoint {
     /// An endpoint dropped without `close()` stops listening and closes its
-    /// connections in the background, after writing what was put.
+    /// connections in the background (on its duty thread), after writing
+    /// what was put.
     fn drop(&mut self) {
         let peers = self.shut();
-        if peers.is_empty() {
-            return;
-        }
-        if let Ok(rt) = crate::runtime::runtime() {
-            rt.spawn(close_peers(peers));
-        }
+        let farewells: Vec<Farewell> = if peers.is_empty() {
+            Vec::new()
+        } else {
+            vec![Box::pin(close_peers(peers))]
+        };
+        self.driver.stop(farewells);
     }
 }
 
@@ -102,6 +141,7 @@ async fn close_peers(peers: Vec<Peer>) {
 #[derive(Debug)]
 pub struct PyEndpoint {
     shared: Arc<Shared>,
+    driver: Arc<Driver>,
     inbox: tokio::sync::Mutex<mpsc::UnboundedReceiver<Event>>,
     accept: Mutex<Option<JoinHandle<()>>>,
     url: String,
@@ -112,7 +152,17 @@ pub struct PyEndpoint {
 
 /// A wait strategy (`park`, `spin-park:50us`): only strategies that end up
 /// sleeping, so that nothing spins a core for as long as a wait lasts.
-fn wait_strategy(wait: &str) -> PyResult<WaitStrategy> {
+/// `default` is the transport's own: on shared memory a spin about as long
+/// as a wake-up costs, then sleep; on sockets, sleep at once.
+fn wait_strategy(wait: &str, url: &Url) -> PyResult<WaitStrategy> {
+    if wait == "default" {
+        return Ok(match url {
+            Url::Shm { .. } => WaitStrategy::SpinPark {
+                spin: tubeway_transport::DEFAULT_SPIN,
+            },
+            _ => WaitStrategy::PARK,
+        });
+    }
     let strategy: WaitStrategy =
         wait.parse()
             .map_err(|e: tubeway_transport::WaitStrategyError| {
@@ -121,7 +171,7 @@ fn wait_strategy(wait: &str) -> PyResult<WaitStrategy> {
     match (strategy.parks(), strategy.spin()) {
         (true, Some(_)) => Ok(strategy),
         _ => Err(pyo3::exceptions::PyValueError::new_err(format!(
-            "wait strategy {wait:?} never sleeps; a queue takes 'park' or 'spin-park:DURATION'"
+            "wait strategy {wait:?} never sleeps; a queue takes 'default', 'park' or 'spin-park:DURATION'"
         ))),
     }
 }
@@ -168,16 +218,13 @@ impl PyEndpoint {
         state.live.drain().map(|(_, p)| p).collect()
     }
 
-    /// The peer and its read side, when exactly one peer is connected.
-    fn only_peer(&self) -> Option<(u64, Arc<peer::Reading>)> {
-        let state = self
-            .shared
-            .peers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+    /// The peer, its read side and whether its writer has a backlog, when
+    /// exactly one peer is connected.
+    fn only_peer(&self) -> Option<(u64, Arc<peer::Reading>, bool)> {
+        let state = self.shared.lock();
         let mut live = state.live.iter();
         match (live.next(), live.next()) {
-            (Some((id, p)), None) => Some((*id, p.reading.clone())),
+            (Some((id, p)), None) => Some((*id, p.reading.clone(), p.outbox.has_backlog())),
             _ => None,
         }
     }
@@ -221,7 +268,7 @@ impl PyEndpoint {
     /// Listens on `url` (role "server") or connects to it (role "client",
     /// retrying until `timeout` seconds while the server is not up yet).
     #[new]
-    #[pyo3(signature = (url, role, *, timeout=10.0, max_message_size=1<<30, wait="park"))]
+    #[pyo3(signature = (url, role, *, timeout=10.0, max_message_size=1<<30, wait="default"))]
     fn new(
         py: Python<'_>,
         url: &str,
@@ -230,10 +277,10 @@ impl PyEndpoint {
         max_message_size: usize,
         wait: &str,
     ) -> PyResult<Self> {
-        let wait = wait_strategy(wait)?;
         let parsed: Url = url.parse().map_err(|e: tubeway_transport::UrlError| {
             pyo3::exceptions::PyValueError::new_err(e.to_string())
         })?;
+        let wait = wait_strategy(wait, &parsed)?;
         let server = match role {
             "server" => true,
             "client" => false,
@@ -245,6 +292,7 @@ impl PyEndpoint {
         };
         let timeout = seconds(Some(timeout))?.unwrap_or_default();
         let (inbox_tx, inbox_rx) = mpsc::unbounded_channel();
+        let rt = driver::runtime()?;
         let shared = Arc::new(Shared {
             peers: Mutex::default(),
             joined: tokio::sync::Notify::new(),
@@ -252,7 +300,9 @@ impl PyEndpoint {
             inbox_tx,
             budget: Arc::new(Semaphore::new(INBOX_BUDGET as usize)),
             next_peer: AtomicU64::new(1),
+            runtime: rt.handle().clone(),
         });
+        let driver = Driver::new(rt, shared.clone());
         let (accept, bound) = if server {
             let mut listener = crate::runtime::wait(py, Listener::bind(&parsed))?.map_err(|e| {
                 errors::ConnectError::new_err(format!("cannot listen on {url}: {e}"))
@@ -262,7 +312,9 @@ impl PyEndpoint {
             let task = crate::runtime::spawn(async move {
                 while let Ok(conn) = listener.accept().await {
                     let id = state.next_peer.fetch_add(1, Ordering::Relaxed);
-                    state.add(id, conn);
+                    if let Err(e) = state.add(id, conn) {
+                        tracing::warn!(peer = id, "cannot serve a queue connection: {e}");
+                    }
                 }
             })?;
             (Some(task), bound)
@@ -278,12 +330,15 @@ impl PyEndpoint {
                 }
             })?
             .map_err(|e| errors::ConnectError::new_err(format!("cannot connect to {url}: {e}")))?;
-            let _guard = crate::runtime::runtime()?.enter();
-            shared.add(0, conn);
+            shared.add(0, conn).map_err(|e| {
+                errors::ConnectError::new_err(format!("cannot serve the connection to {url}: {e}"))
+            })?;
             (None, url.to_owned())
         };
+        driver.start();
         Ok(PyEndpoint {
             shared,
+            driver,
             inbox: tokio::sync::Mutex::new(inbox_rx),
             accept: Mutex::new(accept),
             url: bound,
@@ -398,14 +453,17 @@ impl PyEndpoint {
             framing::encode(mimetype, head, parts, self.shared.max_frame).map_err(|e| {
                 errors::TooLarge::new_err(format!("cannot send an object of {total} bytes: {e}"))
             })?;
-        let runtime = crate::runtime::runtime()?;
-        let sent = py.detach(move || {
-            let _entered = runtime.enter();
+        let sent = py.detach(|| {
             senders
                 .iter()
                 .filter(|outbox| outbox.send(frames.clone()).is_ok())
                 .count()
         });
+        if senders.iter().any(|outbox| outbox.has_backlog()) {
+            // Written by the runtime's tasks: whoever drives it next, or
+            // the duty thread if nobody calls.
+            self.driver.want();
+        }
         // Some peers may have failed meanwhile; get() reports each. When
         // none took the object, nothing will be delivered: say so now.
         if sent == 0 {
@@ -426,47 +484,39 @@ impl PyEndpoint {
     #[pyo3(signature = (timeout=None))]
     fn recv<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyTuple>> {
         let timeout = seconds(timeout)?;
-        let shared = self.shared.clone();
+        crate::runtime::runtime()?; // a forked child must not go on
+        let shared = &self.shared;
         let server = self.server;
         let strategy = self.wait;
-        let inline = if strategy.spins() {
-            self.only_peer()
-        } else {
-            None
-        };
+        let inline = self.only_peer();
         if self.is_closed() {
             return Err(errors::closed("queue"));
         }
-        let event = wait(py, async {
-            let next = async {
-                // Another thread's get() may hold the inbox: that wait counts
-                // against this timeout too.
-                let mut inbox = self.inbox.lock().await;
-                if let Ok(ev) = inbox.try_recv() {
+        let next = async {
+            // Another thread's get() may hold the inbox: that wait counts
+            // against this timeout too.
+            let mut inbox = self.inbox.lock().await;
+            if let Ok(ev) = inbox.try_recv() {
+                return Some(ev);
+            }
+            let orphan = {
+                let state = shared.lock();
+                state.closed || (!server && state.live.is_empty())
+            };
+            if orphan {
+                return None;
+            }
+            // One peer: read on this thread, which this thread's own
+            // wake-up (or polling) serves; no I/O thread in between.
+            if let Some((peer, reading, flushing)) = inline {
+                if let Some(ev) = reading.inline(peer, &mut inbox, strategy, flushing).await {
                     return Some(ev);
                 }
-                let orphan = {
-                    let state = shared.peers.lock().unwrap_or_else(PoisonError::into_inner);
-                    state.closed || (!server && state.live.is_empty())
-                };
-                if orphan {
-                    return None;
-                }
-                // Latency mode, one peer: read on this thread, polling for a
-                // while before sleeping, which wakes no thread when the
-                // answer comes quickly.
-                if let Some((peer, reading)) = inline {
-                    if let Some(ev) = reading.inline(peer, &mut inbox, strategy).await {
-                        return Some(ev);
-                    }
-                }
-                inbox.recv().await
-            };
-            match timeout {
-                Some(t) => tokio::time::timeout(t, next).await.map_err(|_| ()),
-                None => Ok(next.await),
             }
-        })?;
+            inbox.recv().await
+        };
+        let event = self.driver.wait(py, within(timeout, next))?;
+        let event = event.ok_or(());
         match event {
             Err(()) => Err(errors::Timeout::new_err("no object arrived in time")),
             Ok(None) => Err(if self.is_closed() {
@@ -521,9 +571,12 @@ impl PyEndpoint {
     fn close(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
         let timeout = seconds(Some(timeout))?.unwrap_or_default();
         let peers = self.shut();
-        wait(py, async move {
-            let _ = tokio::time::timeout(timeout, close_peers(peers)).await;
-        })?;
+        if !peers.is_empty() {
+            self.driver.wait(py, async move {
+                let _ = tokio::time::timeout(timeout, close_peers(peers)).await;
+            })?;
+        }
+        self.driver.stop(Vec::new());
         // Wake a get() waiting on the inbox.
         let _ = self.shared.inbox_tx.send(Event::Left {
             peer: u64::MAX,

@@ -11,6 +11,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tubeway_proto::EncodedFrame;
 use tubeway_transport::{FrameWriter, WriteError};
@@ -26,16 +27,19 @@ struct Backlog {
 #[derive(Debug)]
 pub struct Outbox {
     writer: FrameWriter,
+    /// The endpoint's runtime, where a backlog is drained.
+    runtime: Handle,
     backlog: Mutex<Backlog>,
     /// Signalled when the backlog has been fed to the writer.
     drained: Notify,
 }
 
 impl Outbox {
-    /// An outbox writing to `writer`.
-    pub fn new(writer: FrameWriter) -> Arc<Outbox> {
+    /// An outbox writing to `writer`, draining a backlog on `runtime`.
+    pub fn new(writer: FrameWriter, runtime: Handle) -> Arc<Outbox> {
         Arc::new(Outbox {
             writer,
+            runtime,
             backlog: Mutex::default(),
             drained: Notify::new(),
         })
@@ -45,8 +49,9 @@ impl Outbox {
         self.backlog.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Sends one object's frames, in order and whole; never waits. Must be
-    /// called with a runtime entered (a backlog is drained by a task).
+    /// Sends one object's frames, in order and whole; never waits. What the
+    /// connection does not take at once is written by tasks of the runtime:
+    /// see [`Outbox::has_backlog`].
     pub fn send(self: &Arc<Self>, frames: Vec<EncodedFrame>) -> Result<(), WriteError> {
         let mut backlog = self.lock();
         let mut frames = frames.into_iter();
@@ -62,9 +67,15 @@ impl Outbox {
         backlog.frames.extend(frames);
         if !backlog.frames.is_empty() && !backlog.draining {
             backlog.draining = true;
-            tokio::spawn(self.clone().drain());
+            self.runtime.spawn(self.clone().drain());
         }
         Ok(())
+    }
+
+    /// Whether frames wait to be written: the runtime must be driven for
+    /// them to go out.
+    pub fn has_backlog(&self) -> bool {
+        self.lock().draining || self.writer.has_backlog()
     }
 
     async fn drain(self: Arc<Self>) {

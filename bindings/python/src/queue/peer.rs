@@ -1,16 +1,21 @@
 //! One connection of a queue endpoint: a writer fed without ever blocking
 //! the sender, and a reader that assembles objects.
 //!
-//! A task reads objects ahead into the endpoint's inbox. In latency mode,
-//! while the endpoint has one peer, `get` reads on its own thread instead
-//! ([`Reading::inline`]): the task goes dormant, and the caller polls the
-//! socket itself for a while before it sleeps, so an answer that comes
-//! quickly wakes no thread at all. The task resumes reading ahead when a
-//! second peer joins ([`Reading::resume`]).
+//! While the endpoint has one peer, `get` reads the next object on its own
+//! thread ([`Reading::inline`]), waiting by the endpoint's strategy: the
+//! read-ahead task goes dormant. The task reads objects ahead into the
+//! endpoint's inbox when there are several peers (`get` then waits on the
+//! inbox) and while the duty thread drives the runtime with nobody calling
+//! `get` ([`Reading::resume`]). Either way it runs on the endpoint's own
+//! runtime, on whichever thread drives it.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
+use std::time::Instant;
 
+use tokio::runtime::Handle;
 use tokio::sync::{mpsc, Mutex, Notify, Semaphore};
 use tokio::task::JoinHandle;
 use tubeway_proto::Decoded;
@@ -59,6 +64,41 @@ impl PeerReader {
             }
         }
     }
+
+    /// [`next_object`](Self::next_object), polling for it until `deadline`
+    /// before sleeping until it comes: one non-blocking look at the
+    /// transport (the kernel, or the ring), then the CPU to whoever waits
+    /// for it, in turns.
+    ///
+    /// Not the transport's own spinning, which gives the CPU away every
+    /// 5 µs: when the peer runs on this same CPU (schedulers put a waker and
+    /// its wakee together), each direction would wait for that, which is
+    /// slower than sleeping. Giving it away after every look costs a system
+    /// call when the CPU is this thread's alone, and hands it over at once
+    /// when it is not.
+    async fn next_object_polling(&mut self, deadline: Instant) -> Result<Received, String> {
+        std::future::poll_fn(|cx| {
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                // A spinning strategy, set afresh, looks once and returns:
+                // it gives its runtime a turn before it would spin.
+                self.frames
+                    .set_wait_strategy(WaitStrategy::SpinPark { spin: left });
+                let next = self.next_object();
+                if let Poll::Ready(r) = std::pin::pin!(next).poll(cx) {
+                    return Poll::Ready(r);
+                }
+                std::thread::yield_now();
+            }
+            self.frames.set_wait_strategy(WaitStrategy::PARK);
+            let next = self.next_object();
+            std::pin::pin!(next).poll(cx)
+        })
+        .await
+    }
 }
 
 /// The read side, shared by the read-ahead task and inline readers.
@@ -74,20 +114,26 @@ pub struct Reading {
 }
 
 impl Reading {
-    /// Lets the read-ahead task read again (a second peer joined).
+    /// Lets the read-ahead task read again (a second peer joined, or the
+    /// duty thread drives the runtime with nobody calling `get`).
     pub fn resume(&self) {
         self.dormant.store(false, Ordering::SeqCst);
         self.resumed.notify_waiters();
     }
 
     /// The next event for `peer`: one the read-ahead task queued already,
-    /// or else the next object read on the caller's thread, polling by
-    /// `wait` before sleeping. `None` when the peer had already ended.
+    /// or else the next object read on the caller's thread, sleeping until
+    /// it comes, after polling for it for as long as `wait` says (unless
+    /// `flushing`: the connection's writer has frames queued, whose tasks
+    /// must not wait for the polling).
+    /// Whatever reaches the inbox meanwhile (the endpoint was closed) ends
+    /// the wait too. `None` when the peer had already ended.
     pub async fn inline(
         &self,
         peer: u64,
         inbox: &mut mpsc::UnboundedReceiver<Event>,
         wait: WaitStrategy,
+        flushing: bool,
     ) -> Option<Event> {
         if !self.dormant.swap(true, Ordering::SeqCst) {
             self.step_aside.notify_one();
@@ -99,9 +145,26 @@ impl Reading {
         if state.ended {
             return None;
         }
-        state.frames.set_wait_strategy(wait);
-        let next = state.next_object().await;
-        state.frames.set_wait_strategy(WaitStrategy::PARK);
+        // Polling would hold up the writer's tasks, which must run first.
+        let poll_until = wait
+            .spin()
+            .filter(|_| !flushing)
+            .map(|d| Instant::now() + d);
+        let next = match poll_until {
+            Some(deadline) => tokio::select! {
+                biased;
+                next = state.next_object_polling(deadline) => next,
+                queued = inbox.recv() => return queued,
+            },
+            None => {
+                state.frames.set_wait_strategy(WaitStrategy::PARK);
+                tokio::select! {
+                    biased;
+                    next = state.next_object() => next,
+                    queued = inbox.recv() => return queued,
+                }
+            }
+        };
         Some(match next {
             Ok(received) => Event::Object {
                 peer,
@@ -129,8 +192,10 @@ pub struct Peer {
     pub reader: JoinHandle<()>,
 }
 
-/// Starts the tasks of a new connection to `peer`. Must run on the runtime.
+/// Starts the tasks of a new connection to `peer` on `runtime`, the
+/// endpoint's, with whose reactor `conn` is registered.
 pub fn start(
+    runtime: &Handle,
     peer: u64,
     conn: Connection,
     max_frame: usize,
@@ -139,14 +204,15 @@ pub fn start(
     budget_max: u32,
 ) -> Peer {
     let (writer, flusher) = FrameWriter::new(conn.writer);
-    let writer_task = tokio::spawn(async move {
+    let writer_task = runtime.spawn(async move {
         if let Err(e) = flusher.await {
             tracing::debug!(peer, "queue writer stopped: {e}");
         }
     });
-    // The read-ahead task runs on the shared runtime, where polling would
-    // take a thread from every other connection: it always sleeps, whatever
-    // the transport would poll by default. Polling is for `get`'s own thread.
+    // The read-ahead task always sleeps, whatever the transport would poll
+    // by default: it reads while a `get` waits on the inbox or the duty
+    // thread drives, where polling would only take a core. Polling is for
+    // `get`'s own reads.
     let frames = FrameReader::new(conn.reader, max_frame);
     let reading = Arc::new(Reading {
         state: Mutex::new(PeerReader {
@@ -158,9 +224,9 @@ pub fn start(
         step_aside: Notify::new(),
         resumed: Notify::new(),
     });
-    let reader = tokio::spawn(read_ahead(peer, reading.clone(), inbox, budget, budget_max));
+    let reader = runtime.spawn(read_ahead(peer, reading.clone(), inbox, budget, budget_max));
     Peer {
-        outbox: Outbox::new(writer),
+        outbox: Outbox::new(writer, runtime.clone()),
         reading,
         writer_task,
         reader,
@@ -187,6 +253,8 @@ async fn read_ahead(
         if state.ended {
             return;
         }
+        // `get` may have read inline last, waiting by its own strategy.
+        state.frames.set_wait_strategy(WaitStrategy::PARK);
         let stepped_aside = reading.step_aside.notified();
         tokio::pin!(stepped_aside);
         stepped_aside.as_mut().enable();
