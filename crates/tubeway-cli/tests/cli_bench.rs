@@ -187,6 +187,7 @@ fn a_smoke_run_reports_every_figure_with_its_bare_limits() {
             assert!(num(&m["idle_kib"]) > 0.0, "{m}");
             assert_eq!(m["connections"], 5);
             assert!(num(&m["per_connection_kib"]) >= 0.0, "{m}");
+            assert!(num(&m["idle_cpu_ms"]) >= 0.0, "{m}");
             let stream = &limits["figures"][0];
             assert!(num(&stream["mb_per_sec"]["median"]) > 0.0, "{stream}");
         } else {
@@ -270,6 +271,29 @@ fn shared_memory_and_channels_are_set_beside_the_bare_ping_pongs() {
         .unwrap()
         .iter()
         .all(|s| s["transport"] != "fifo" || s["mode"] != "call"));
+}
+
+/// A broker holding idle shared-memory clients sleeps: no connection
+/// spins or loops. 100 ms of CPU in 2 s is far above what sleeping costs
+/// and far below what one spinning connection burns (the whole 2 s).
+#[test]
+fn a_broker_with_100_idle_shm_clients_uses_no_cpu() {
+    let mut cmd = tubeway();
+    cmd.args([
+        "bench",
+        "--json",
+        "--transport",
+        "shm",
+        "--figures",
+        "memory",
+    ])
+    .args(["--idle-connections", "100"]);
+    let report = report_of(&mut cmd);
+    let limits = section(&report, "shm", None);
+    let m = &figures(limits, "memory")[0]["memory"];
+    assert_eq!(m["connections"], 100, "{m}");
+    let cpu = num(&m["idle_cpu_ms"]);
+    assert!(cpu < 100.0, "the broker used {cpu} ms of CPU in 2 s: {m}");
 }
 
 #[test]

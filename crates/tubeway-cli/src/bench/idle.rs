@@ -1,5 +1,6 @@
-//! The broker's memory idle and per idle connection, measured on a broker
-//! process of its own so earlier figures do not weigh on it.
+//! The broker's memory idle and per idle connection, and the CPU it uses
+//! while those connections are idle, measured on a broker process of its
+//! own so earlier figures do not weigh on it.
 
 use std::path::Path;
 
@@ -14,6 +15,10 @@ use super::wait::Wait;
 
 /// Connections opened at once while loading the broker.
 const BATCH: usize = 50;
+/// How long the loaded broker is watched for CPU use. Its connections are
+/// idle: an idle broker should use none (a spinning or busy-looping
+/// connection would use up to a whole CPU).
+const IDLE_WATCH: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Starts a fresh broker, reads its resident memory with no connection,
 /// one, and `connections` more idle ones. `None` when the broker is not a
@@ -59,6 +64,13 @@ async fn load(target: &Target, proc: Proc, connections: usize) -> anyhow::Result
         connections + 1
     );
     let loaded_kib = rss()?;
+    // Past the set-up: a spinning wait ends within its spin budget.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let before = proc.cpu_ns();
+    tokio::time::sleep(IDLE_WATCH).await;
+    let idle_cpu_ms = before
+        .zip(proc.cpu_ns())
+        .map(|(a, b)| b.saturating_sub(a) as f64 / 1e6);
     futures::future::join_all(idle.iter().map(AsyncClient::close)).await;
     first.close().await;
     Ok(IdleMemory {
@@ -68,5 +80,7 @@ async fn load(target: &Target, proc: Proc, connections: usize) -> anyhow::Result
         connections,
         per_connection_kib: loaded_kib.saturating_sub(one_connection_kib) as f64
             / connections.max(1) as f64,
+        idle_cpu_ms,
+        idle_ms: IDLE_WATCH.as_millis() as u64,
     })
 }

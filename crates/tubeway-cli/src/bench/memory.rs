@@ -37,6 +37,22 @@ impl Proc {
         std::fs::write(self.path("clear_refs"), "5").is_ok()
     }
 
+    /// CPU time used so far by all the process's threads, from
+    /// `/proc/PID/task/*/schedstat` (nanoseconds, unlike the clock ticks of
+    /// `/proc/PID/stat`). Threads that ended meanwhile are not counted.
+    pub fn cpu_ns(self) -> Option<u64> {
+        let mut total = 0u64;
+        for task in std::fs::read_dir(self.path("task")).ok()? {
+            let mut path = task.ok()?.path();
+            path.push("schedstat");
+            // A thread may end between the listing and the read.
+            if let Ok(text) = std::fs::read_to_string(&path) {
+                total += text.split_whitespace().next()?.parse::<u64>().ok()?;
+            }
+        }
+        Some(total)
+    }
+
     fn status_kib(self, field: &str) -> Option<u64> {
         parse_status_kib(&std::fs::read_to_string(self.path("status")).ok()?, field)
     }
@@ -61,6 +77,16 @@ mod tests {
         assert_eq!(parse_status_kib(status, "VmRSS"), Some(10240));
         assert_eq!(parse_status_kib(status, "VmSwap"), None);
         assert_eq!(parse_status_kib("VmRSS: lots", "VmRSS"), None);
+    }
+
+    #[test]
+    fn this_process_uses_cpu() {
+        let before = Proc::This.cpu_ns().unwrap();
+        let mut x = 0u64;
+        for i in 0..5_000_000u64 {
+            x = std::hint::black_box(x.wrapping_add(i));
+        }
+        assert!(Proc::This.cpu_ns().unwrap() > before);
     }
 
     #[test]

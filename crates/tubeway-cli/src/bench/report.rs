@@ -217,6 +217,11 @@ pub struct IdleMemory {
     pub connections: usize,
     /// `(loaded - one) / connections`.
     pub per_connection_kib: f64,
+    /// CPU time the broker used while holding those connections idle for
+    /// `idle_ms`, in milliseconds.
+    pub idle_cpu_ms: Option<f64>,
+    /// How long the connections were held idle.
+    pub idle_ms: u64,
 }
 
 #[cfg(test)]

@@ -320,8 +320,16 @@ fn limits(figs: &[&Figure]) -> String {
     let mut out = String::new();
     for f in figs {
         let value = if let Some(m) = f.memory {
+            let cpu = match m.idle_cpu_ms {
+                Some(ms) => format!(
+                    "; CPU while they idle {ms:.1} ms in {:.1} s ({:.2}% of a CPU)",
+                    m.idle_ms as f64 / 1e3,
+                    ms / m.idle_ms.max(1) as f64 * 100.0
+                ),
+                None => String::new(),
+            };
             format!(
-                "idle {}, with 1 connection {}, with {} more {}: {:.1} KiB per idle connection",
+                "idle {}, with 1 connection {}, with {} more {}: {:.1} KiB per idle connection{cpu}",
                 mib(Some(m.idle_kib)),
                 mib(Some(m.one_connection_kib)),
                 m.connections,
