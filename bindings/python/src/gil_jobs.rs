@@ -9,10 +9,12 @@
 //! once `atexit` has run [`at_exit`], which first waits (briefly) for the
 //! calls already in Python to return.
 
+use std::cell::RefCell;
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
+use pyo3::marker::Ungil;
 use pyo3::prelude::*;
 
 /// How long interpreter exit waits for callbacks still running.
@@ -95,11 +97,59 @@ fn sender() -> &'static Mutex<Option<Sender<Job>>> {
     })
 }
 
-/// Runs `job` with the GIL on the GIL thread, soon. Dropped unrun if the
-/// thread could not start or the interpreter is exiting.
+thread_local! {
+    /// Jobs posted by a Python thread while it runs [`detach_collecting`]:
+    /// it runs them itself once it holds the GIL again.
+    static COLLECTED: RefCell<Option<Vec<Job>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with the GIL released, like `py.detach`, and then, GIL held
+/// again, the jobs `f` posted on this thread (releasing the buffers of a
+/// frame it wrote, resolving a `put`'s future): a Python thread that will
+/// take the GIL anyway saves the GIL thread's wake-up and the hand-over of
+/// the GIL to it and back, for every large object.
+pub fn detach_collecting<T: Ungil>(py: Python<'_>, f: impl Ungil + FnOnce() -> T) -> T {
+    let outer = COLLECTED.with(|c| {
+        let mut c = c.borrow_mut();
+        let outer = c.is_some();
+        if !outer {
+            *c = Some(Vec::new());
+        }
+        outer
+    });
+    let out = py.detach(f);
+    if !outer {
+        // Jobs may post more jobs (a released buffer resolves its future):
+        // keep collecting until none is left, then stop.
+        loop {
+            let jobs = COLLECTED.with(|c| c.borrow_mut().as_mut().map(std::mem::take));
+            match jobs {
+                Some(jobs) if !jobs.is_empty() => jobs.into_iter().for_each(|job| job(py)),
+                _ => break,
+            }
+        }
+        COLLECTED.with(|c| c.borrow_mut().take());
+    }
+    out
+}
+
+/// Runs `job` with the GIL on the GIL thread, soon (or on this thread, when
+/// it is inside [`detach_collecting`]). Dropped unrun if the thread could
+/// not start or the interpreter is exiting.
 pub fn post(job: impl FnOnce(Python<'_>) + Send + 'static) {
+    let job: Job = Box::new(job);
+    let job = match COLLECTED.with(|c| match c.borrow_mut().as_mut() {
+        Some(jobs) => {
+            jobs.push(job);
+            None
+        }
+        None => Some(job),
+    }) {
+        Some(job) => job,
+        None => return,
+    };
     let guard = sender().lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(tx) = guard.as_ref() {
-        let _ = tx.send(Box::new(job));
+        let _ = tx.send(job);
     }
 }

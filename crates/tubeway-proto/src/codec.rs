@@ -519,6 +519,13 @@ impl Decoder {
         }
     }
 
+    /// Whether the next bytes of the stream start a frame (none is being
+    /// skipped): a reader may then read a whole frame itself, into memory of
+    /// its choosing, and decode it with [`decode_frame`].
+    pub fn at_frame_start(&self) -> bool {
+        matches!(self.state, State::Head)
+    }
+
     /// Whether the decoder sits at a frame boundary (nothing partly read).
     pub fn is_idle(&self, buf: &BytesMut) -> bool {
         matches!(self.state, State::Head) && buf.is_empty()
@@ -567,19 +574,24 @@ impl Decoder {
                         buf.reserve(frame_len - buf.len());
                         return Ok(None);
                     }
-                    let frame = buf.split_to(frame_len).freeze();
-                    let (id, type_code, _) = peek_fixed(&frame);
-                    return Ok(Some(match decode(frame) {
-                        Ok(m) => Decoded::Message(m),
-                        Err(error) => Decoded::Invalid {
-                            id,
-                            type_code,
-                            error,
-                        },
-                    }));
+                    return Ok(Some(decode_frame(buf.split_to(frame_len).freeze())));
                 }
             }
         }
+    }
+}
+
+/// Decodes one whole, well-delimited frame (its length already checked
+/// against the maximum): a message, or what is wrong with it.
+pub fn decode_frame(frame: Bytes) -> Decoded {
+    let (id, type_code, _) = peek_fixed(&frame);
+    match decode(frame) {
+        Ok(m) => Decoded::Message(m),
+        Err(error) => Decoded::Invalid {
+            id,
+            type_code,
+            error,
+        },
     }
 }
 

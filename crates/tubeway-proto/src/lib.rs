@@ -14,7 +14,7 @@ mod message;
 pub mod name;
 pub mod ops;
 
-pub use codec::{DecodeError, Decoded, Decoder, EncodeError, EncodedFrame};
+pub use codec::{decode_frame, DecodeError, Decoded, Decoder, EncodeError, EncodedFrame};
 pub use json::JsonError;
 pub use message::{
     now_millis, Message, MessageType, PayloadError, PayloadKind, ResponseStatus, MIME_BINARY,

@@ -72,6 +72,10 @@ pub struct FrameReader {
     decoder: Decoder,
     wait: WaitStrategy,
     spin: Spin,
+    pool: Option<FramePool>,
+    /// A large frame being read into a pooled buffer, and its length. Kept
+    /// here, not in the future, so that `next` stays cancel-safe.
+    recycling: Option<(Vec<u8>, usize)>,
 }
 
 impl FrameReader {
@@ -84,7 +88,16 @@ impl FrameReader {
             decoder: Decoder::new(max_frame),
             wait: WaitStrategy::PARK,
             spin: Spin::default(),
+            pool: None,
+            recycling: None,
         }
+    }
+
+    /// Reads frames of at least `pool.min_frame` bytes into buffers that
+    /// `pool` recycles once every part of the message is dropped, instead of
+    /// into fresh memory: see [`FramePool`].
+    pub fn recycle_large_frames(&mut self, pool: FramePool) {
+        self.pool = Some(pool);
     }
 
     /// Waits for data by `wait` from now on.
@@ -103,7 +116,7 @@ impl FrameReader {
     /// Whether bytes of a next frame are already read: more frames follow
     /// at once.
     pub fn has_buffered(&self) -> bool {
-        !self.buf.is_empty()
+        !self.buf.is_empty() || self.recycling.is_some()
     }
 
     /// Changes the maximum for frames not yet started.
@@ -114,6 +127,17 @@ impl FrameReader {
     /// The next decoded item; `Ok(None)` on a clean end of stream between frames.
     pub async fn next(&mut self) -> Result<Option<Decoded>, ReadError> {
         loop {
+            if self.recycling.is_none() {
+                if let (Some(len), Some(pool)) = (self.recyclable_frame(), &self.pool) {
+                    let mut frame = pool.take(len);
+                    frame.extend_from_slice(&self.buf);
+                    self.buf.clear();
+                    self.recycling = Some((frame, len));
+                }
+            }
+            if self.recycling.is_some() {
+                return self.read_recycled().await.map(Some);
+            }
             if let Some(d) = self.decoder.decode(&mut self.buf)? {
                 return Ok(Some(d));
             }
@@ -134,6 +158,47 @@ impl FrameReader {
                 return Err(ReadError::UnexpectedEof(self.buf.len()));
             }
         }
+    }
+
+    /// The length of the frame that starts the buffer, when it is one to
+    /// read into a recycled buffer: large, within the limit, not all here.
+    fn recyclable_frame(&self) -> Option<usize> {
+        let pool = self.pool.as_ref()?;
+        if !self.decoder.at_frame_start() {
+            return None;
+        }
+        let len = tubeway_proto::codec::decode_prefix(&self.buf)
+            .ok()?
+            .frame_len as usize;
+        (len >= pool.min_frame && len <= self.decoder.max_frame() && self.buf.len() < len)
+            .then_some(len)
+    }
+
+    /// Reads the rest of the frame in `recycling` and decodes it there.
+    /// Cancel-safe: what is read stays in `recycling`.
+    async fn read_recycled(&mut self) -> Result<Decoded, ReadError> {
+        let (reader, recycling) = (&mut self.reader, &mut self.recycling);
+        loop {
+            let Some((frame, len)) = recycling.as_mut() else {
+                return Err(io::Error::other("no frame being read").into());
+            };
+            let (got, limit) = (frame.len(), len.saturating_sub(frame.len()));
+            if limit == 0 {
+                break;
+            }
+            let n = poll_fn(|cx| reader.poll_read_into(cx, frame, limit)).await?;
+            if n == 0 {
+                *recycling = None;
+                return Err(ReadError::UnexpectedEof(got));
+            }
+        }
+        let (frame, _) = recycling.take().unwrap_or_default();
+        self.spin = Spin::default();
+        let shared = match &self.pool {
+            Some(pool) => pool.share(frame),
+            None => Bytes::from(frame),
+        };
+        Ok(tubeway_proto::decode_frame(shared))
     }
 
     /// Reads more bytes into the buffer, waiting by the strategy.
@@ -208,6 +273,111 @@ impl FrameReader {
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Poll::Pending,
             Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+}
+
+/// Buffers for large frames, used again once a message read into one is
+/// dropped.
+///
+/// A received payload is lent out without a copy, so the memory of each
+/// large frame lives as long as its message does. Fresh memory for every
+/// frame costs the allocator a `mmap` and `munmap` and the kernel a page
+/// fault and a page zeroed per 4 KiB: about as much again as reading the
+/// bytes. A pool keeps buffers of dropped messages for the next frames, up to
+/// a bound; meant for a connection that moves many large messages between
+/// two programs (a broker with many connections would hold a pool per
+/// connection).
+#[derive(Debug, Clone)]
+pub struct FramePool {
+    inner: Arc<Mutex<PoolInner>>,
+    min_frame: usize,
+}
+
+#[derive(Debug)]
+struct PoolInner {
+    free: Vec<Vec<u8>>,
+    /// Capacity of the buffers in `free`.
+    held: usize,
+    /// Bound on `held`; a buffer larger than it is never kept.
+    max_held: usize,
+}
+
+impl FramePool {
+    /// Recycles buffers of frames of at least `min_frame` bytes, keeping at
+    /// most `max_held` bytes of free buffers.
+    pub fn new(min_frame: usize, max_held: usize) -> FramePool {
+        FramePool {
+            inner: Arc::new(Mutex::new(PoolInner {
+                free: Vec::new(),
+                held: 0,
+                max_held,
+            })),
+            min_frame,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PoolInner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// An empty buffer with room for `len` bytes: a kept one if one is
+    /// large enough (the smallest such), else a new one of exactly `len`.
+    fn take(&self, len: usize) -> Vec<u8> {
+        let mut inner = self.lock();
+        let best = (inner.free.iter().enumerate())
+            .filter(|(_, b)| b.capacity() >= len)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => {
+                let buf = inner.free.swap_remove(i);
+                inner.held -= buf.capacity();
+                buf
+            }
+            None => Vec::with_capacity(len),
+        }
+    }
+
+    /// `frame` as shared bytes that go back to the pool when the last
+    /// reference is dropped.
+    fn share(&self, frame: Vec<u8>) -> Bytes {
+        Bytes::from_owner(Recycled {
+            buf: frame,
+            pool: Arc::downgrade(&self.inner),
+        })
+    }
+
+    /// Bytes of free buffers kept.
+    pub fn held(&self) -> usize {
+        self.lock().held
+    }
+}
+
+/// A pooled frame's memory while a message uses it.
+struct Recycled {
+    buf: Vec<u8>,
+    pool: std::sync::Weak<Mutex<PoolInner>>,
+}
+
+impl AsRef<[u8]> for Recycled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Recycled {
+    fn drop(&mut self) {
+        let Some(pool) = self.pool.upgrade() else {
+            return;
+        };
+        let mut inner = pool.lock().unwrap_or_else(PoisonError::into_inner);
+        let cap = self.buf.capacity();
+        if inner.held + cap <= inner.max_held {
+            let mut buf = std::mem::take(&mut self.buf);
+            buf.clear();
+            inner.held += cap;
+            inner.free.push(buf);
         }
     }
 }
@@ -700,8 +870,13 @@ mod tests {
         (a.unwrap(), b.unwrap())
     }
 
-    /// 100 frames from 4 concurrent senders arrive whole, each sender's in order.
     async fn exchange(url: &str, wait: WaitStrategy) {
+        exchange_with(url, wait, None).await;
+    }
+
+    /// 100 frames from 4 concurrent senders arrive whole, each sender's in
+    /// order; the large ones into recycled buffers when `pool` is given.
+    async fn exchange_with(url: &str, wait: WaitStrategy, pool: Option<FramePool>) {
         let (server, client) = pair(url).await;
         let (writer, flusher) = FrameWriter::new(client.writer);
         let flusher = tokio::spawn(flusher);
@@ -722,6 +897,9 @@ mod tests {
             .collect();
         let mut r = FrameReader::new(server.reader, 1 << 24);
         r.set_wait_strategy(wait);
+        if let Some(pool) = pool {
+            r.recycle_large_frames(pool);
+        }
         let mut next = [0usize; 4];
         for _ in 0..100 {
             match r.next().await.unwrap() {
@@ -892,6 +1070,107 @@ mod tests {
         }
         assert!(failed, "sending to a closed peer must fail");
         assert!(flusher.await.unwrap().is_err());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn large_frames_into_recycled_buffers_over_every_transport() {
+        let p = std::env::temp_dir().join(format!("tw-pool-{}.sock", std::process::id()));
+        for url in [
+            "tcp://127.0.0.1:0".to_owned(),
+            format!("unix://{}", p.display()),
+            "mem://framed-pool-all".to_owned(),
+            format!("{}?ring=16KiB", shm_url("pool")),
+        ] {
+            // Frames from 10 KB up go into the pool's buffers.
+            let pool = FramePool::new(10_000, 1 << 20);
+            exchange_with(&url, WaitStrategy::PARK, Some(pool.clone())).await;
+            assert!(
+                pool.held() > 0,
+                "{url}: dropped messages give their buffers back"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_recycled_buffer_is_used_again_and_the_pool_is_bounded() {
+        let (server, client) = pair("mem://framed-pool-reuse").await;
+        let (writer, flusher) = FrameWriter::new(client.writer);
+        let flusher = tokio::spawn(flusher);
+        for (fill, len) in [(1u8, 100_000), (2, 100_000), (3, 10), (4, 500_000)] {
+            let m = Message::binary(vec![fill; len], None);
+            writer
+                .send(codec::encode(&m, 1 << 24).unwrap())
+                .await
+                .unwrap();
+        }
+        let pool = FramePool::new(1000, 300_000);
+        let mut r = FrameReader::new(server.reader, 1 << 24);
+        r.recycle_large_frames(pool.clone());
+        async fn next(r: &mut FrameReader) -> Message {
+            match r.next().await.unwrap() {
+                Some(Decoded::Message(m)) => m,
+                other => panic!("{other:?}"),
+            }
+        }
+        let first = next(&mut r).await;
+        assert!(first.payload.iter().all(|&b| b == 1) && first.payload.len() == 100_000);
+        let at = first.payload.as_ptr();
+        assert_eq!(pool.held(), 0);
+        drop(first);
+        assert!(pool.held() >= 100_000, "the buffer came back");
+        let second = next(&mut r).await;
+        assert!(second.payload.iter().all(|&b| b == 2) && second.payload.len() == 100_000);
+        assert_eq!(second.payload.as_ptr(), at, "the same memory, used again");
+        assert_eq!(pool.held(), 0);
+        let small = next(&mut r).await;
+        assert_eq!(&small.payload[..], &[3u8; 10]);
+        let big = next(&mut r).await;
+        assert!(big.payload.iter().all(|&b| b == 4) && big.payload.len() == 500_000);
+        drop(big);
+        assert_eq!(pool.held(), 0, "larger than the bound: not kept");
+        drop(second);
+        assert!(pool.held() >= 100_000);
+        drop(writer);
+        assert!(r.next().await.unwrap().is_none());
+        flusher.await.unwrap().unwrap();
+    }
+
+    /// `next` may be dropped mid-frame (a timeout, a select): the part of
+    /// a large frame read so far is kept for the next call.
+    #[tokio::test]
+    async fn a_large_frame_survives_a_cancelled_read() {
+        let (server, mut client) = pair("mem://pool-cancel-test").await;
+        let m = Message::binary(vec![7u8; 200_000], None);
+        let bytes = codec::encode(&m, 1 << 20).unwrap().to_vec();
+        let mut r = FrameReader::new(server.reader, 1 << 20);
+        r.recycle_large_frames(FramePool::new(1000, 1 << 20));
+        client.writer.write_all(&bytes[..80_000]).await.unwrap();
+        let cut = std::time::Duration::from_millis(50);
+        assert!(tokio::time::timeout(cut, r.next()).await.is_err());
+        assert!(r.has_buffered());
+        client.writer.write_all(&bytes[80_000..]).await.unwrap();
+        match r.next().await.unwrap() {
+            Some(Decoded::Message(got)) => {
+                assert_eq!(got.payload.len(), 200_000);
+                assert!(got.payload.iter().all(|&b| b == 7));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_large_frame_cut_short_is_an_error() {
+        let (server, mut client) = pair("mem://pool-eof-test").await;
+        let m = Message::binary(vec![9u8; 100_000], None);
+        let bytes = codec::encode(&m, 1 << 20).unwrap().to_vec();
+        client.writer.write_all(&bytes[..50_000]).await.unwrap();
+        client.writer.shutdown().unwrap();
+        let mut r = FrameReader::new(server.reader, 1 << 20);
+        r.recycle_large_frames(FramePool::new(1000, 1 << 20));
+        assert!(matches!(
+            r.next().await,
+            Err(ReadError::UnexpectedEof(50_000))
+        ));
     }
 
     #[tokio::test]

@@ -19,7 +19,9 @@ mod url;
 mod wait;
 
 pub use conn::{connect, Connection, Listener};
-pub use framed::{FrameReader, FrameWriter, ReadError, WriteError, WriteStats, WRITE_QUEUE_BYTES};
+pub use framed::{
+    FramePool, FrameReader, FrameWriter, ReadError, WriteError, WriteStats, WRITE_QUEUE_BYTES,
+};
 pub use stream::{ReadHalf, WriteHalf};
 pub use url::{Url, UrlError};
 pub use wait::{WaitStrategy, WaitStrategyError, DEFAULT_SPIN};

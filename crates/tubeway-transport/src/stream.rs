@@ -18,7 +18,7 @@ use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use bytes::BytesMut;
+use bytes::{BufMut, BytesMut};
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
@@ -168,6 +168,34 @@ impl ReadHalf {
             }
             ReadInner::Shm(r) => loop {
                 match r.try_read_buf(buf) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        ready!(r.poll_read_ready(cx))?;
+                    }
+                    other => return Poll::Ready(other),
+                }
+            },
+        }
+    }
+
+    /// Reads at most `limit` (at least 1) bytes onto the end of `buf`, or
+    /// registers `cx` to be woken when something may be there; `Ok(0)` at end
+    /// of stream. For reading a large frame into memory of the caller's.
+    pub fn poll_read_into(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut Vec<u8>,
+        limit: usize,
+    ) -> Poll<io::Result<usize>> {
+        let mut limited = buf.limit(limit);
+        match &mut self.inner {
+            ReadInner::Socket(SocketRead::Tcp(s)) => {
+                tokio_util::io::poll_read_buf(Pin::new(s), cx, &mut limited)
+            }
+            ReadInner::Socket(SocketRead::Unix(s)) => {
+                tokio_util::io::poll_read_buf(Pin::new(s), cx, &mut limited)
+            }
+            ReadInner::Shm(r) => loop {
+                match r.try_read_into(&mut limited, limit) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         ready!(r.poll_read_ready(cx))?;
                     }

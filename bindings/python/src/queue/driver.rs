@@ -174,7 +174,9 @@ impl Driver {
         let mut fut = std::pin::pin!(fut);
         let rt = self.rt();
         loop {
-            let step = py.detach(|| {
+            // Buffers of frames written meanwhile are released, and their
+            // `put` futures resolved, on this thread once it has the GIL.
+            let step = crate::gil_jobs::detach_collecting(py, || {
                 // The timer must be created on the runtime, hence the async block.
                 rt.block_on(async { tokio::time::timeout(SIGNAL_CHECK, fut.as_mut()).await })
             });

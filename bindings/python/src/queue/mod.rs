@@ -453,7 +453,11 @@ impl PyEndpoint {
             framing::encode(mimetype, head, parts, self.shared.max_frame).map_err(|e| {
                 errors::TooLarge::new_err(format!("cannot send an object of {total} bytes: {e}"))
             })?;
-        let sent = py.detach(|| {
+        // A frame written whole at once releases its buffers in here (its
+        // last reference is `frames`, moved in): the jobs that releases them
+        // run on this thread, not the GIL thread.
+        let sent = gil_jobs::detach_collecting(py, || {
+            let frames = frames;
             senders
                 .iter()
                 .filter(|outbox| outbox.send(frames.clone()).is_ok())

@@ -10,7 +10,7 @@ use std::io::{self, IoSlice};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 
-use bytes::BytesMut;
+use bytes::{BufMut, BytesMut};
 use tubeway_ring::{Consumer, Doorbell, Producer, Region, Side, TryReadError, WriteSomeError};
 
 use super::bell::{Bell, Readable, Waiter};
@@ -111,13 +111,24 @@ impl ShmReader {
     /// when it holds nothing, `Ok(0)` once the peer closed or died and
     /// everything it wrote has been read.
     pub(crate) fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        let room = buf.capacity() - buf.len();
+        self.try_read_into(buf, room)
+    }
+
+    /// Copies what the ring holds into `buf`, at most `limit` bytes;
+    /// otherwise as [`ShmReader::try_read_buf`].
+    pub(crate) fn try_read_into(
+        &mut self,
+        buf: &mut impl BufMut,
+        limit: usize,
+    ) -> io::Result<usize> {
         if self.announced {
             self.rx.withdraw_wait();
             self.announced = false;
         }
         let mut total = 0;
         loop {
-            let spare = buf.capacity() - buf.len();
+            let spare = limit - total;
             if spare == 0 {
                 break;
             }
@@ -126,7 +137,7 @@ impl ShmReader {
                     let bytes = record.bytes();
                     let rest = bytes.get(self.offset..).unwrap_or_default();
                     let n = rest.len().min(spare);
-                    buf.extend_from_slice(rest.get(..n).unwrap_or_default());
+                    buf.put_slice(rest.get(..n).unwrap_or_default());
                     total += n;
                     if n == rest.len() {
                         self.offset = 0;
