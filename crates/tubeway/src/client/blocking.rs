@@ -400,7 +400,7 @@ impl Client {
     pub fn connect_with(url: &str, options: ClientOptions) -> Result<Self> {
         let driver = Driver::new()?;
         let exec = Exec::Own(driver.clone());
-        let (inner, reader) = exec.block_on(AsyncClient::connect_parts(url, options))??;
+        let (inner, reader) = exec.block_on(AsyncClient::connect_parts(url, options, true))??;
         *driver.lock_reader() = Some(reader);
         let _ = driver.conn.set(inner.conn_arc());
         Ok(Client { inner, exec })
@@ -429,6 +429,12 @@ impl Client {
     /// The broker's URL.
     pub fn url(&self) -> &Url {
         self.inner.url()
+    }
+
+    /// How this client waits for the broker's answers (see
+    /// [`AsyncClient::wait_strategy`]).
+    pub fn wait_strategy(&self) -> tubeway_transport::WaitStrategy {
+        self.inner.wait_strategy()
     }
 
     /// What the broker said in the handshake.

@@ -84,6 +84,8 @@ pub(crate) struct Established {
     pub(crate) writer: JoinHandle<()>,
     pub(crate) reader: Reader,
     pub(crate) welcome: ops::Welcome,
+    /// How the reader waits for the broker.
+    pub(crate) wait: WaitStrategy,
 }
 
 /// Connects, performs the `hello` handshake and starts the writer; returns
@@ -94,6 +96,7 @@ pub(crate) async fn establish(
     connect_timeout: Duration,
     max_receive: usize,
     wait: Option<WaitStrategy>,
+    may_spin: bool,
 ) -> Result<Established> {
     let connect_err = |source| Error::Connect {
         url: url.to_string(),
@@ -121,7 +124,13 @@ pub(crate) async fn establish(
     });
     let writer = tokio::spawn(write_loop(flusher, Arc::downgrade(&conn)));
     let mut frames = FrameReader::new(stream.reader, max_receive);
-    frames.set_wait_strategy(wait.unwrap_or(stream.default_wait));
+    let wait = wait.unwrap_or(stream.default_wait);
+    let wait = if may_spin || !wait.spins() {
+        wait
+    } else {
+        WaitStrategy::PARK
+    };
+    frames.set_wait_strategy(wait);
 
     let handshake = async {
         let msg = Message::serialize(hello)?.with_type(MessageType::Hello);
@@ -161,6 +170,7 @@ pub(crate) async fn establish(
         writer,
         reader,
         welcome,
+        wait,
     })
 }
 

@@ -81,6 +81,7 @@ struct Inner {
     url: Url,
     options: ClientOptions,
     welcome: ops::Welcome,
+    wait: WaitStrategy,
 }
 
 impl Drop for Inner {
@@ -99,16 +100,27 @@ impl AsyncClient {
     }
 
     /// Connects with `options`.
+    ///
+    /// The connection's reader runs as a task of the current runtime. On a
+    /// current-thread runtime it never spins, whatever `options.wait` says: a
+    /// task that polls its connection would keep every other task of that
+    /// thread, the caller's included, from running until it gives up (use
+    /// the blocking [`crate::Client`], which waits on the calling thread, or
+    /// a multi-thread runtime, for the lowest latency).
     pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Self> {
-        let (client, reader) = Self::connect_parts(url, options).await?;
+        let shared_thread = tokio::runtime::Handle::current().runtime_flavor()
+            == tokio::runtime::RuntimeFlavor::CurrentThread;
+        let (client, reader) = Self::connect_parts(url, options, !shared_thread).await?;
         tokio::spawn(reader);
         Ok(client)
     }
 
-    /// Connects, leaving the connection's reader for the caller to run.
+    /// Connects, leaving the connection's reader for the caller to run; it
+    /// may spin (by `options.wait` or the transport's default) if `may_spin`.
     pub(crate) async fn connect_parts(
         url: &str,
         options: ClientOptions,
+        may_spin: bool,
     ) -> Result<(Self, connection::Reader)> {
         let url: Url = url.parse()?;
         let hello = ops::Hello {
@@ -121,6 +133,7 @@ impl AsyncClient {
             options.connect_timeout,
             options.max_message_size,
             options.wait,
+            may_spin,
         )
         .await?;
         tracing::debug!(%url, server = %est.welcome.server, "connected");
@@ -131,6 +144,7 @@ impl AsyncClient {
                 url,
                 options,
                 welcome: est.welcome,
+                wait: est.wait,
             }),
         };
         Ok((client, est.reader))
@@ -142,6 +156,13 @@ impl AsyncClient {
 
     pub(crate) fn conn_arc(&self) -> Arc<Conn> {
         self.inner.conn.clone()
+    }
+
+    /// How this client waits for the broker's answers: `options.wait`, or
+    /// the transport's default; never a spinning strategy for a client whose
+    /// reader shares a current-thread runtime with other tasks.
+    pub fn wait_strategy(&self) -> WaitStrategy {
+        self.inner.wait
     }
 
     /// The broker's URL.

@@ -872,3 +872,41 @@ async fn a_message_for_a_withdrawn_poll_is_offered_back() {
     peer.answer(&next, ResponseStatus::Ok).await;
     within(ping).await.unwrap().unwrap();
 }
+
+/// A reader that spins as a task of a current-thread runtime would keep the
+/// caller's own task from running until its spin gave up (tens of µs to
+/// milliseconds per call): such a client sleeps instead, whatever it asked.
+#[tokio::test]
+async fn a_client_on_a_current_thread_runtime_never_spins() {
+    let spin = ClientOptions {
+        wait: Some(tubeway_transport::WaitStrategy::BusySpin),
+        ..ClientOptions::default()
+    };
+    let (client, mut peer) = pair_with(spin, 1 << 20).await;
+    assert_eq!(
+        client.wait_strategy(),
+        tubeway_transport::WaitStrategy::PARK
+    );
+    let call = client.send("f", Message::plain_text("x"));
+    let answer = async {
+        let req = peer.recv().await;
+        peer.send(&req.response(ResponseStatus::Ok)).await;
+    };
+    let (got, ()) = within(async { tokio::join!(call, answer) }).await;
+    assert!(got.unwrap().status().is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_on_a_multi_thread_runtime_waits_as_asked() {
+    let spin = ClientOptions {
+        wait: Some(tubeway_transport::WaitStrategy::BusySpin),
+        ..ClientOptions::default()
+    };
+    let (client, _peer) = pair_with(spin, 1 << 20).await;
+    assert_eq!(
+        client.wait_strategy(),
+        tubeway_transport::WaitStrategy::BusySpin
+    );
+    let (plain, _peer) = pair().await;
+    assert_eq!(plain.wait_strategy(), tubeway_transport::WaitStrategy::PARK);
+}
