@@ -117,20 +117,34 @@ pub fn detach_collecting<T: Ungil>(py: Python<'_>, f: impl Ungil + FnOnce() -> T
         }
         outer
     });
+    if outer {
+        return py.detach(f);
+    }
+    let _stop = StopCollecting;
     let out = py.detach(f);
-    if !outer {
-        // Jobs may post more jobs (a released buffer resolves its future):
-        // keep collecting until none is left, then stop.
-        loop {
-            let jobs = COLLECTED.with(|c| c.borrow_mut().as_mut().map(std::mem::take));
-            match jobs {
-                Some(jobs) if !jobs.is_empty() => jobs.into_iter().for_each(|job| job(py)),
-                _ => break,
-            }
+    // Jobs may post more jobs (a released buffer resolves its future): run
+    // them until none is left.
+    loop {
+        let jobs = COLLECTED.with(|c| c.borrow_mut().as_mut().map(std::mem::take));
+        match jobs {
+            Some(jobs) if !jobs.is_empty() => jobs.into_iter().for_each(|job| job(py)),
+            _ => break,
         }
-        COLLECTED.with(|c| c.borrow_mut().take());
     }
     out
+}
+
+/// Ends collecting on this thread however [`detach_collecting`] ends; after
+/// a panic, the jobs collected and not run go to the GIL thread.
+struct StopCollecting;
+
+impl Drop for StopCollecting {
+    fn drop(&mut self) {
+        let left = COLLECTED
+            .with(|c| c.borrow_mut().take())
+            .unwrap_or_default();
+        left.into_iter().for_each(to_gil_thread);
+    }
 }
 
 /// Runs `job` with the GIL on the GIL thread, soon (or on this thread, when
@@ -138,16 +152,19 @@ pub fn detach_collecting<T: Ungil>(py: Python<'_>, f: impl Ungil + FnOnce() -> T
 /// not start or the interpreter is exiting.
 pub fn post(job: impl FnOnce(Python<'_>) + Send + 'static) {
     let job: Job = Box::new(job);
-    let job = match COLLECTED.with(|c| match c.borrow_mut().as_mut() {
+    let job = COLLECTED.with(|c| match c.borrow_mut().as_mut() {
         Some(jobs) => {
             jobs.push(job);
             None
         }
         None => Some(job),
-    }) {
-        Some(job) => job,
-        None => return,
-    };
+    });
+    if let Some(job) = job {
+        to_gil_thread(job);
+    }
+}
+
+fn to_gil_thread(job: Job) {
     let guard = sender().lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(tx) = guard.as_ref() {
         let _ = tx.send(job);
