@@ -56,6 +56,24 @@ def test_numpy_round_trip(pair: Tuple[tubeway.Queue, tubeway.Queue], size: int) 
     assert got["m"].dtype == np.int32 and got["m"].shape == (2, size)
 
 
+def test_received_arrays_keep_their_memory_while_they_live(pair: Tuple[tubeway.Queue, tubeway.Queue]) -> None:
+    # Large objects are read into buffers that are used again once every
+    # view of an object is gone: never while one still lives.
+    server, client = pair
+    kept = {}
+    for i in range(24):
+        client.put(np.full(300_000, i, dtype=np.uint8))
+        _, got = server.get(timeout=10)
+        assert got.nbytes == 300_000 and int(got[0]) == i and int(got[-1]) == i
+        if i % 3 == 0:
+            kept[i] = got  # alive across later receives
+        elif i % 3 == 1:
+            kept[i] = got[1000:2000]  # a slice keeps the whole buffer alive
+        del got
+    for i, view in kept.items():
+        assert np.all(view == i), f"array {i} was overwritten"
+
+
 def test_large_put_resolves_after_sending_without_copying(pair: Tuple[tubeway.Queue, tubeway.Queue]) -> None:
     server, client = pair
     data = bytearray(8 << 20)
