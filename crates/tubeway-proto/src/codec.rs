@@ -365,26 +365,11 @@ fn decode_header(h: &mut Bytes, payload: Bytes) -> Result<Message, DecodeError> 
     h.copy_to_slice(&mut id);
     let timestamp = h.get_u64_le();
 
-    // Built whole: `Message::new` would draw an id and read the clock only
-    // for both to be overwritten, on every message received.
-    let mut msg = Message {
-        id: Uuid::from_bytes(id),
-        r#type,
-        oneway: bits & BIT_ONEWAY != 0,
-        durable: bits & BIT_DURABLE != 0,
-        response_status,
-        timestamp,
-        expires_at: None,
-        timeout: None,
-        request_id: None,
-        correlation_id: None,
-        subject: None,
-        destination: None,
-        reply_to: None,
-        payload_mimetype: None,
-        payload_charset: None,
-        payload,
-    };
+    let mut msg = Message::with_identity(r#type, Uuid::from_bytes(id), timestamp);
+    msg.oneway = bits & BIT_ONEWAY != 0;
+    msg.durable = bits & BIT_DURABLE != 0;
+    msg.response_status = response_status;
+    msg.payload = payload;
 
     let mut last_tag: Option<u8> = None;
     while h.has_remaining() {

@@ -260,13 +260,20 @@ impl fmt::Debug for Message {
 impl Message {
     /// A new message of `type` with a fresh id, the current timestamp and no payload.
     pub fn new(r#type: MessageType) -> Self {
+        Message::with_identity(r#type, Uuid::new_v4(), now_millis())
+    }
+
+    /// A message of `type` with the given id and timestamp and nothing else:
+    /// what the decoder starts from, without drawing an id or reading the
+    /// clock for values it then overwrites.
+    pub(crate) fn with_identity(r#type: MessageType, id: Uuid, timestamp: u64) -> Self {
         Message {
-            id: Uuid::new_v4(),
+            id,
             r#type,
             oneway: false,
             durable: false,
             response_status: None,
-            timestamp: now_millis(),
+            timestamp,
             expires_at: None,
             timeout: None,
             request_id: None,
