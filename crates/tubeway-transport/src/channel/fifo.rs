@@ -24,11 +24,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::event::PollFlags;
 use rustix::fs::{FileType, Mode, OFlags, CWD};
 use rustix::io::Errno;
 
-use super::{stream, AcceptError, ChannelOptions, ConnectError, Duplex};
+use super::stream::{self, poll_until};
+use super::{AcceptError, ChannelOptions, ConnectError, Duplex};
 
 /// What a request starts with; then the connection's id, zero-padded.
 const REQUEST_MAGIC: [u8; 8] = *b"TWFIFO\x02\x00";
@@ -65,30 +66,6 @@ fn mkfifo(path: &Path) -> rustix::io::Result<()> {
 fn is_fifo(p: &Path) -> bool {
     use std::os::unix::fs::FileTypeExt;
     std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_fifo())
-}
-
-/// Waits until `fd` is readable (or hung up), or `deadline` passes; `None`
-/// waits as long as it takes. Returns whether it became readable.
-fn wait_readable(fd: &OwnedFd, deadline: Option<Instant>) -> io::Result<bool> {
-    loop {
-        let timeout = match deadline {
-            None => None,
-            Some(d) => {
-                let left = d.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Ok(false);
-                }
-                Some(Timespec::try_from(left).map_err(|_| io::ErrorKind::InvalidInput)?)
-            }
-        };
-        let mut fds = [PollFd::new(fd, PollFlags::IN)];
-        match rustix::event::poll(&mut fds, timeout.as_ref()) {
-            Ok(0) => {}
-            Ok(_) => return Ok(true),
-            Err(Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
 }
 
 /// The names of one connection's pair of pipes.
@@ -176,7 +153,7 @@ pub(crate) fn connect(path: &Path, options: &ChannelOptions) -> Result<Duplex, C
     let mut greeting = [0u8; GREETING.len()];
     let mut got = 0;
     while got < GREETING.len() {
-        if !wait_readable(&down, Some(deadline))? {
+        if !poll_until(&down, PollFlags::IN, Some(deadline))? {
             return Err(ConnectError::TimedOut(options.connect_timeout));
         }
         let rest = greeting.get_mut(got..).unwrap_or_default();
@@ -252,7 +229,7 @@ impl FifoListener {
             let deadline = Instant::now() + options.connect_timeout;
             let mut ack = [0u8; 1];
             loop {
-                if !wait_readable(&up, Some(deadline))? {
+                if !poll_until(&up, PollFlags::IN, Some(deadline))? {
                     break;
                 }
                 match rustix::io::read(&up, &mut ack) {
@@ -270,7 +247,7 @@ impl FifoListener {
     fn next_request(&mut self) -> Result<Option<String>, AcceptError> {
         let mut request = [0u8; REQUEST_LEN];
         loop {
-            wait_readable(&self.rendezvous, None)?;
+            poll_until(&self.rendezvous, PollFlags::IN, None)?;
             match rustix::io::read(self.rendezvous.as_fd(), &mut request) {
                 Ok(REQUEST_LEN) => break,
                 // Requests arrive whole; anything else is not a connector.

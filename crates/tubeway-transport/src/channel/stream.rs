@@ -173,6 +173,21 @@ fn wait_fd(
         std::thread::yield_now();
         return Ok(true);
     }
+    poll_until(fd, flags, deadline)
+}
+
+/// Sleeps in `poll` until `fd` may be ready for `flags`, `deadline` passes
+/// (never, for `None`) or a signal comes; false, without sleeping, when
+/// `deadline` has passed already. The caller then tries its operation.
+pub(super) fn poll_until(
+    fd: &OwnedFd,
+    flags: PollFlags,
+    deadline: Option<Instant>,
+) -> io::Result<bool> {
+    let now = Instant::now();
+    if deadline.is_some_and(|d| now >= d) {
+        return Ok(false);
+    }
     let timeout = deadline.map(|d| {
         let left = d.saturating_duration_since(now);
         rustix::event::Timespec::try_from(left).unwrap_or(rustix::event::Timespec {
