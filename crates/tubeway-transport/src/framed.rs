@@ -297,9 +297,8 @@ pub struct FramePool {
 #[derive(Debug)]
 struct PoolInner {
     free: Vec<Vec<u8>>,
-    /// Capacity of the buffers in `free`.
-    held: usize,
-    /// Bound on `held`; a buffer larger than it is never kept.
+    /// Bound on the capacity of the buffers in `free`; a buffer larger than
+    /// it is never kept.
     max_held: usize,
 }
 
@@ -310,7 +309,6 @@ impl FramePool {
         FramePool {
             inner: Arc::new(Mutex::new(PoolInner {
                 free: Vec::new(),
-                held: 0,
                 max_held,
             })),
             min_frame,
@@ -330,11 +328,7 @@ impl FramePool {
             .min_by_key(|(_, b)| b.capacity())
             .map(|(i, _)| i);
         match best {
-            Some(i) => {
-                let buf = inner.free.swap_remove(i);
-                inner.held -= buf.capacity();
-                buf
-            }
+            Some(i) => inner.free.swap_remove(i),
             None => Vec::with_capacity(len),
         }
     }
@@ -350,7 +344,15 @@ impl FramePool {
 
     /// Bytes of free buffers kept.
     pub fn held(&self) -> usize {
-        self.lock().held
+        self.lock().held()
+    }
+}
+
+impl PoolInner {
+    /// Capacity of the free buffers, summed when asked (a few hundred at
+    /// most, and asked once per large frame).
+    fn held(&self) -> usize {
+        self.free.iter().map(Vec::capacity).sum()
     }
 }
 
@@ -373,10 +375,9 @@ impl Drop for Recycled {
         };
         let mut inner = pool.lock().unwrap_or_else(PoisonError::into_inner);
         let cap = self.buf.capacity();
-        if inner.held + cap <= inner.max_held {
+        if inner.held() + cap <= inner.max_held {
             let mut buf = std::mem::take(&mut self.buf);
             buf.clear();
-            inner.held += cap;
             inner.free.push(buf);
         }
     }
