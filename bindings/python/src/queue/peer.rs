@@ -21,6 +21,9 @@ use tokio::task::JoinHandle;
 use tubeway_proto::Decoded;
 use tubeway_transport::{Connection, FramePool, FrameReader, FrameWriter, WaitStrategy};
 
+use super::framing::{Assembler, Received};
+use super::outbox::Outbox;
+
 /// Frames from this size up are read into buffers used again once the
 /// objects made of them are dropped: fresh memory for each would cost a
 /// page fault and a zeroed page per 4 KiB, about as much as reading it.
@@ -30,9 +33,6 @@ const RECYCLE_FROM: usize = 256 << 10;
 /// arrays of up to 64 MiB mostly missed the pool and moved at 60 % of the
 /// speed they move at with this). Freed with the queue.
 const RECYCLE_HELD: usize = 128 << 20;
-
-use super::framing::{Assembler, Received};
-use super::outbox::Outbox;
 
 /// What a reader reports to the endpoint's inbox.
 #[derive(Debug)]
