@@ -58,8 +58,9 @@ struct State {
     abandoned: HashMap<Uuid, String>,
 }
 
-/// Withdrawn polls remembered at most; past it the oldest answers are
-/// simply dropped (the broker withdraws the polls themselves).
+/// Withdrawn polls remembered at most; past it all are forgotten at once
+/// (the broker withdraws the polls themselves: only a message that crossed
+/// a forgotten withdrawal would then go unreturned).
 const MAX_ABANDONED: usize = 4096;
 
 impl std::fmt::Debug for Conn {
@@ -385,21 +386,23 @@ impl Conn {
     /// Sends a frame: written at once when the connection is idle, queued
     /// otherwise; waits while the write queue is full.
     pub(crate) async fn send_frame(&self, frame: EncodedFrame) -> Result<()> {
-        let writer = self.lock().writer.clone();
-        match writer {
-            Some(w) => w.send(frame).await.map_err(|_| self.closed_error()),
-            None => Err(self.closed_error()),
-        }
+        self.send_frame_as(frame, false).await
     }
 
-    /// Sends a frame among others in flight: it waits to be written with
+    /// [`send_frame`](Self::send_frame), or, when `batched` (the frame is
+    /// one of several in flight), one that waits to be written with
     /// whatever else is queued at the moment, in one system call.
-    pub(crate) async fn send_frame_batched(&self, frame: EncodedFrame) -> Result<()> {
+    pub(crate) async fn send_frame_as(&self, frame: EncodedFrame, batched: bool) -> Result<()> {
         let writer = self.lock().writer.clone();
-        match writer {
-            Some(w) => w.send_batched(frame).await.map_err(|_| self.closed_error()),
-            None => Err(self.closed_error()),
-        }
+        let Some(w) = writer else {
+            return Err(self.closed_error());
+        };
+        let sent = if batched {
+            w.send_batched(frame).await
+        } else {
+            w.send(frame).await
+        };
+        sent.map_err(|_| self.closed_error())
     }
 
     /// Sends a frame if that needs no waiting; for drop paths, which cannot wait.

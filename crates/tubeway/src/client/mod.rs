@@ -233,11 +233,7 @@ impl AsyncClient {
         };
         let exchange = async {
             let frame = conn.encode(&msg)?;
-            if pipelined {
-                conn.send_frame_batched(frame).await?;
-            } else {
-                conn.send_frame(frame).await?;
-            }
+            conn.send_frame_as(frame, pipelined).await?;
             rx.await.map_err(|_| conn.closed_error())
         };
         tokio::time::timeout(timeout, exchange)
