@@ -40,11 +40,13 @@ impl std::fmt::Debug for Handler {
     }
 }
 
+type Outcome = std::thread::Result<Result<Message, HandlerError>>;
+
 impl Handler {
     /// Runs the handler, turning an error or a panic into a reason.
     async fn run(&self, req: Message) -> Result<Message, String> {
         let outcome = match self {
-            Handler::Sync(f) => std::panic::catch_unwind(AssertUnwindSafe(|| f(req))),
+            Handler::Sync(f) => run_sync(f.as_ref(), req),
             Handler::Async(f) => {
                 let f = f.clone();
                 AssertUnwindSafe(async move { f(req).await })
@@ -52,12 +54,25 @@ impl Handler {
                     .await
             }
         };
-        match outcome {
-            Ok(Ok(m)) => Ok(m),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(panic) => Err(format!("handler panicked: {}", panic_text(&*panic))),
-        }
+        reason(outcome)
     }
+}
+
+fn run_sync(f: &SyncFn, req: Message) -> Outcome {
+    std::panic::catch_unwind(AssertUnwindSafe(|| f(req)))
+}
+
+fn reason(outcome: Outcome) -> Result<Message, String> {
+    match outcome {
+        Ok(Ok(m)) => Ok(m),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(panic) => Err(format!("handler panicked: {}", panic_text(&*panic))),
+    }
+}
+
+/// Whether an answer says the call failed (a oneway call has none).
+fn is_failure(answer: Option<&Message>) -> bool {
+    answer.is_some_and(|r| r.response_status != Some(ResponseStatus::Ok))
 }
 
 fn panic_text(p: &(dyn std::any::Any + Send)) -> &str {
@@ -65,6 +80,14 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> &str {
         .copied()
         .or_else(|| p.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("(no message)")
+}
+
+/// What [`Function::call_inline`] did.
+pub(crate) enum Inline {
+    /// The call ran; the response to send, if any.
+    Done(Option<Message>),
+    /// The function does not run inline: the request, back.
+    NotInline(Message),
 }
 
 #[derive(Debug, Clone)]
@@ -109,12 +132,6 @@ impl Function {
         Function::with(name, None)
     }
 
-    /// Whether calls run inline on the caller's connection: a synchronous
-    /// handler inside the broker, quick by contract.
-    pub fn runs_inline(&self) -> bool {
-        matches!(self.local, Some(Handler::Sync(_)))
-    }
-
     pub fn add_worker(&self, w: WorkerRef) {
         lock(&self.workers).push(w);
     }
@@ -143,42 +160,68 @@ impl Function {
     /// Calls the function. `Ok(None)` for a oneway call; otherwise the
     /// response to send to the caller (ok or `handler_error`).
     pub async fn call(&self, req: Message) -> Result<Option<Message>, BrokerError> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
         let result = self.dispatch(req).await;
-        let failed = match &result {
+        self.count(match &result {
+            Ok(answer) => is_failure(answer.as_ref()),
             Err(_) => true,
-            Ok(Some(r)) => r.response_status != Some(ResponseStatus::Ok),
-            Ok(None) => false,
+        });
+        result
+    }
+
+    /// [`call`](Self::call) without a future, for a function whose calls
+    /// run inline on the caller's connection: a synchronous handler inside
+    /// the broker, quick by contract. Any other function hands the request
+    /// back.
+    pub fn call_inline(&self, req: Message) -> Inline {
+        let Some(Handler::Sync(f)) = &self.local else {
+            return Inline::NotInline(req);
         };
+        let (oneway, template) = (req.oneway, req.response(ResponseStatus::Ok));
+        let answer = self.local_answer(oneway, template, reason(run_sync(f.as_ref(), req)));
+        self.count(is_failure(answer.as_ref()));
+        Inline::Done(answer)
+    }
+
+    fn count(&self, failed: bool) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
         if failed {
             self.errors.fetch_add(1, Ordering::Relaxed);
         }
-        result
+    }
+
+    /// The response to a call of the local handler, from `template` (an `ok`
+    /// response to the request) and what the handler gave.
+    fn local_answer(
+        &self,
+        oneway: bool,
+        template: Message,
+        out: Result<Message, String>,
+    ) -> Option<Message> {
+        if oneway {
+            if let Err(reason) = out {
+                tracing::warn!(function = %self.name, %reason, "oneway call failed");
+            }
+            return None;
+        }
+        Some(match out {
+            Ok(m) => {
+                let mut r = template.with_payload_of(&m);
+                r.subject = m.subject;
+                r
+            }
+            Err(reason) => {
+                let mut r = template.with_text(reason, tubeway_proto::MIME_TEXT, "utf-8");
+                r.response_status = Some(ResponseStatus::HandlerError);
+                r
+            }
+        })
     }
 
     async fn dispatch(&self, req: Message) -> Result<Option<Message>, BrokerError> {
         if let Some(h) = &self.local {
-            let oneway = req.oneway;
-            let template = req.response(ResponseStatus::Ok);
+            let (oneway, template) = (req.oneway, req.response(ResponseStatus::Ok));
             let out = h.run(req).await;
-            if oneway {
-                if let Err(reason) = out {
-                    tracing::warn!(function = %self.name, %reason, "oneway call failed");
-                }
-                return Ok(None);
-            }
-            return Ok(Some(match out {
-                Ok(m) => {
-                    let mut r = template.with_payload_of(&m);
-                    r.subject = m.subject;
-                    r
-                }
-                Err(reason) => {
-                    let mut r = template.with_text(reason, tubeway_proto::MIME_TEXT, "utf-8");
-                    r.response_status = Some(ResponseStatus::HandlerError);
-                    r
-                }
-            }));
+            return Ok(self.local_answer(oneway, template, out));
         }
         let worker = self.pick_worker().ok_or_else(|| {
             BrokerError::new(

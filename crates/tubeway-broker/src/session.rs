@@ -26,7 +26,7 @@ use uuid::Uuid;
 
 use crate::access::{self, Identity};
 use crate::broker::{check_name, queue_error, BrokerError, Inner};
-use crate::function::{Function, WorkerRef};
+use crate::function::{Function, Inline, WorkerRef};
 use crate::queue::QueueError;
 use crate::stats::Counters;
 
@@ -747,19 +747,16 @@ impl Session {
             self.shared.answer(&to, Err(e)).await;
             return;
         }
-        if f.runs_inline() {
-            // Completes at once: nothing to wait for, so no task and no timer.
-            match f.call(m).await {
-                Ok(None) => {}
-                Ok(Some(resp)) => {
-                    self.shared.answer(&to, Ok(resp)).await;
-                }
-                Err(e) => {
-                    self.shared.answer(&to, Err(e)).await;
-                }
+        // Completes at once: nothing to wait for, so no task, no timer and
+        // no future.
+        let m = match f.call_inline(m) {
+            Inline::Done(None) => return,
+            Inline::Done(Some(resp)) => {
+                self.shared.answer(&to, Ok(resp)).await;
+                return;
             }
-            return;
-        }
+            Inline::NotInline(m) => m,
+        };
         let timeout = m.timeout.filter(|t| !t.is_zero());
         self.spawn(to, async move {
             let call = f.call(m);

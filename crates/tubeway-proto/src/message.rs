@@ -420,9 +420,10 @@ impl Message {
         self.expires_at.is_some_and(|t| t <= now)
     }
 
-    /// Whether the message has expired now.
+    /// Whether the message has expired now. Reads the clock only for a
+    /// message that can expire.
     pub fn is_expired(&self) -> bool {
-        self.is_expired_at(now_millis())
+        self.expires_at.is_some_and(|t| t <= now_millis())
     }
 
     /// A response to this message: fresh id, `correlation_id` set to this
@@ -543,5 +544,20 @@ fn decode_text<'a>(
             bytes.iter().map(|&b| char::from(b)).collect(),
         )),
         _ => Err(PayloadError::UnsupportedCharset(charset.to_owned())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_message_with_a_past_expiry_is_expired() {
+        let mut m = Message::new(MessageType::Offer);
+        assert!(!m.is_expired(), "no expiry");
+        m.expires_at = Some(now_millis() + 60_000);
+        assert!(!m.is_expired(), "expires in a minute");
+        m.expires_at = Some(now_millis().saturating_sub(1));
+        assert!(m.is_expired(), "expired a millisecond ago");
     }
 }

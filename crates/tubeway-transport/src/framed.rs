@@ -218,9 +218,10 @@ impl FrameReader {
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
-        let started = *self.spin.started.get_or_insert_with(Instant::now);
-        let slice_end = Instant::now() + SPIN_SLICE;
-        let mut next_yield = Instant::now() + SPIN_YIELD_EVERY;
+        let now = Instant::now();
+        let started = *self.spin.started.get_or_insert(now);
+        let slice_end = now + SPIN_SLICE;
+        let mut next_yield = now + SPIN_YIELD_EVERY;
         let mut spins = 0u32;
         loop {
             std::hint::spin_loop();
@@ -500,6 +501,12 @@ impl FrameWriter {
 
     async fn send_as(&self, mut frame: EncodedFrame, batch: bool) -> Result<(), WriteError> {
         let shared = &self.handle.shared;
+        // Most frames are admitted at once; waiting for room (which costs a
+        // registration with the notifier) only once the queue was full.
+        match shared.admit(frame, batch)? {
+            None => return Ok(()),
+            Some(back) => frame = back,
+        }
         loop {
             // Registered before the check, so room made in between is not missed.
             let room = shared.room.notified();

@@ -34,12 +34,15 @@ use tubeway_transport::Url;
 use uuid::Uuid;
 
 use super::connection::{Conn, Reader};
-use super::{AsyncClient, ClientOptions, HandlerError};
+use super::{function_call, ok_response, AsyncClient, ClientOptions, HandlerError};
 use crate::{Error, Result};
 
 /// How long dropping the last handle of a client may wait for what it
 /// queued (oneway sends, say) to be written.
 const DROP_FLUSH: Duration = Duration::from_secs(2);
+
+/// The largest future [`Driver::block_on`] keeps on the stack.
+pub(crate) const INLINE_FUTURE: usize = 1024;
 
 /// The process-wide runtime that runs clients made by [`Client::from_async`]
 /// while they are waited for.
@@ -175,9 +178,17 @@ impl Driver {
     /// Runs `f` to completion on this thread, running the connection's
     /// reader meanwhile whenever nobody else does.
     fn block_on<F: Future>(&self, f: F) -> F::Output {
-        // On the heap once: a call's future is kilobytes, and every layer
-        // below would otherwise copy it again.
-        let mut f = Box::pin(f);
+        // A large future goes on the heap once, not copied again by every
+        // layer below; a small one (a started call's) is not worth an
+        // allocation.
+        if std::mem::size_of::<F>() > INLINE_FUTURE {
+            self.drive(Box::pin(f).as_mut())
+        } else {
+            self.drive(std::pin::pin!(f))
+        }
+    }
+
+    fn drive<F: Future>(&self, mut f: Pin<&mut F>) -> F::Output {
         self.rt().block_on(async {
             let mut held: Option<Held<'_>> = None;
             let free = self.reader_free.notified();
@@ -341,15 +352,21 @@ enum Exec {
 }
 
 impl Exec {
+    /// Fails when this thread must not block.
+    fn check(&self) -> Result<()> {
+        if may_block() {
+            return Ok(());
+        }
+        // Blocking here would stall (or, on a current-thread runtime, deadlock) the caller's runtime.
+        Err(Error::Runtime(
+            "the blocking tubeway::Client was called inside an async runtime; use AsyncClient in async code"
+                .into(),
+        ))
+    }
+
     /// Runs `f` to completion, driving the connection from this thread.
     fn block_on<F: Future>(&self, f: F) -> Result<F::Output> {
-        if !may_block() {
-            // Blocking here would stall (or, on a current-thread runtime, deadlock) the caller's runtime.
-            return Err(Error::Runtime(
-                "the blocking tubeway::Client was called inside an async runtime; use AsyncClient in async code"
-                    .into(),
-            ));
-        }
+        self.check()?;
         match self {
             Exec::Own(d) => Ok(d.block_on(f)),
             Exec::Shared => Ok(shared_runtime()?.handle().block_on(f)),
@@ -459,12 +476,17 @@ impl Client {
 
     /// Sends any message and returns its response, whatever its status.
     pub fn request(&self, msg: Message) -> Result<Message> {
-        self.block_on(self.inner.request(msg))?
+        let wait = self.inner.wait_for(msg.timeout);
+        self.request_timeout(msg, wait)
     }
 
     /// Sends any message and returns its response, waiting at most `timeout`.
     pub fn request_timeout(&self, msg: Message, timeout: Duration) -> Result<Message> {
-        self.block_on(self.inner.request_timeout(msg, timeout))?
+        // Started before blocking, so that only a small future is driven:
+        // the message never enters it.
+        self.exec.check()?;
+        let started = self.inner.start(msg)?;
+        self.block_on(started.finish(timeout))?
     }
 
     /// Sends any message with `oneway` set.
@@ -474,12 +496,13 @@ impl Client {
 
     /// Calls `function`; see [`AsyncClient::send`].
     pub fn send(&self, function: &str, msg: Message) -> Result<Message> {
-        self.block_on(self.inner.send(function, msg))?
+        let timeout = msg.timeout.unwrap_or(self.inner.options().timeout);
+        self.send_timeout(function, msg, timeout)
     }
 
     /// Calls `function`, giving up after `timeout`.
     pub fn send_timeout(&self, function: &str, msg: Message, timeout: Duration) -> Result<Message> {
-        self.block_on(self.inner.send_timeout(function, msg, timeout))?
+        ok_response(self.request(function_call(function, msg, timeout))?)
     }
 
     /// Calls `function` without waiting for the response: the call runs in

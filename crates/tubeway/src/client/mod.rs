@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tubeway_proto::{ops, Message, MessageType, ResponseStatus};
+use tubeway_proto::{ops, EncodedFrame, Message, MessageType, ResponseStatus};
 use tubeway_transport::{Url, WaitStrategy};
 
 use crate::{Error, Result};
@@ -220,25 +220,31 @@ impl AsyncClient {
     }
 
     /// Sends any message and returns its response, waiting at most `timeout`.
-    pub async fn request_timeout(&self, mut msg: Message, timeout: Duration) -> Result<Message> {
+    pub async fn request_timeout(&self, msg: Message, timeout: Duration) -> Result<Message> {
+        self.start(msg)?.finish(timeout).await
+    }
+
+    /// The part of a request that needs no waiting: registered for its
+    /// response and encoded. What is left to wait for is a small future;
+    /// the message itself stays out of it.
+    pub(crate) fn start(&self, mut msg: Message) -> Result<Started<'_>> {
         let conn = self.conn();
         let (rx, pipelined) = conn.register_pending(&mut msg)?;
         // Removes the entry however this call ends: answered, timed out, or cancelled.
-        let _pending = PendingGuard {
+        let pending = PendingGuard {
             conn,
             id: msg.id,
             poll_queue: (msg.r#type == MessageType::Poll)
                 .then(|| msg.destination.clone())
                 .flatten(),
         };
-        let exchange = async {
-            let frame = conn.encode(&msg)?;
-            conn.send_frame_as(frame, pipelined).await?;
-            rx.await.map_err(|_| conn.closed_error())
-        };
-        tokio::time::timeout(timeout, exchange)
-            .await
-            .map_err(|_| Error::Timeout(timeout))?
+        let frame = conn.encode(&msg)?;
+        Ok(Started {
+            pending,
+            frame,
+            rx,
+            pipelined,
+        })
     }
 
     /// Sends any message with `oneway` set; returns once it is queued for writing.
@@ -252,7 +258,7 @@ impl AsyncClient {
     }
 
     /// The client-side wait for a message the broker may hold for `broker_timeout`.
-    fn wait_for(&self, broker_timeout: Option<Duration>) -> Duration {
+    pub(crate) fn wait_for(&self, broker_timeout: Option<Duration>) -> Duration {
         broker_timeout.map_or(self.inner.options.timeout, |t| {
             t.saturating_add(BROKER_TIMEOUT_MARGIN)
         })
@@ -260,12 +266,7 @@ impl AsyncClient {
 
     /// Sends `msg`; an error status becomes [`Error::Status`].
     pub(crate) async fn call(&self, msg: Message) -> Result<Message> {
-        let response = self.request(msg).await?;
-        if response.status().is_ok() {
-            Ok(response)
-        } else {
-            Err(Error::from_response(&response))
-        }
+        ok_response(self.request(msg).await?)
     }
 
     async fn call_as<T: DeserializeOwned>(&self, msg: Message) -> Result<T> {
@@ -291,11 +292,7 @@ impl AsyncClient {
         msg: Message,
         timeout: Duration,
     ) -> Result<Message> {
-        let msg = msg
-            .with_type(MessageType::Request)
-            .with_destination(function)
-            .with_timeout(timeout);
-        self.call(msg).await
+        self.call(function_call(function, msg, timeout)).await
     }
 
     /// Calls `function` without waiting for, or getting, a response.
@@ -558,6 +555,52 @@ impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
         self.conn
             .remove_pending(self.id, self.poll_queue.as_deref());
+    }
+}
+
+/// A request started by [`AsyncClient::start`].
+pub(crate) struct Started<'a> {
+    pending: PendingGuard<'a>,
+    frame: EncodedFrame,
+    rx: oneshot::Receiver<Message>,
+    pipelined: bool,
+}
+
+impl Started<'_> {
+    /// Writes the request and waits at most `timeout` for its response.
+    pub(crate) async fn finish(self, timeout: Duration) -> Result<Message> {
+        let Started {
+            pending,
+            frame,
+            rx,
+            pipelined,
+        } = self;
+        let conn = pending.conn;
+        let exchange = async {
+            conn.send_frame_as(frame, pipelined).await?;
+            rx.await.map_err(|_| conn.closed_error())
+        };
+        let response = tokio::time::timeout(timeout, exchange)
+            .await
+            .map_err(|_| Error::Timeout(timeout))?;
+        drop(pending);
+        response
+    }
+}
+
+/// `msg` as a call of `function`, which the broker gives up after `timeout`.
+pub(crate) fn function_call(function: &str, msg: Message, timeout: Duration) -> Message {
+    msg.with_type(MessageType::Request)
+        .with_destination(function)
+        .with_timeout(timeout)
+}
+
+/// A response, or its error status as [`Error::Status`].
+pub(crate) fn ok_response(response: Message) -> Result<Message> {
+    if response.status().is_ok() {
+        Ok(response)
+    } else {
+        Err(Error::from_response(&response))
     }
 }
 

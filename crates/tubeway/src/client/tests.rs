@@ -910,3 +910,24 @@ async fn a_client_on_a_multi_thread_runtime_waits_as_asked() {
     let (plain, _peer) = pair().await;
     assert_eq!(plain.wait_strategy(), tubeway_transport::WaitStrategy::PARK);
 }
+
+#[tokio::test]
+async fn a_started_call_is_a_small_future_without_the_message() {
+    let (client, mut peer) = pair().await;
+    // A payload-laden message: none of it may enter the future.
+    let msg = Message::binary(vec![7u8; 4096], None).with_type(MessageType::Request);
+    let started = client.start(msg).unwrap();
+    let finish = started.finish(STEP);
+    // The blocking client drives a future this small without an allocation.
+    assert!(
+        std::mem::size_of_val(&finish) <= super::blocking::INLINE_FUTURE,
+        "{} bytes",
+        std::mem::size_of_val(&finish)
+    );
+    let (answer, ()) = tokio::join!(within(finish), async {
+        let req = peer.recv().await;
+        assert_eq!(req.payload.len(), 4096);
+        peer.answer(&req, ResponseStatus::Ok).await;
+    });
+    assert!(answer.unwrap().status().is_ok());
+}
