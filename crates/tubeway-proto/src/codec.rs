@@ -331,18 +331,21 @@ pub fn decode_prefix(mut buf: &[u8]) -> Result<Prefix, DecodeError> {
 }
 
 /// Decodes one complete frame. The payload is a slice of `frame`, not a copy.
-pub fn decode(mut frame: Bytes) -> Result<Message, DecodeError> {
+pub fn decode(frame: Bytes) -> Result<Message, DecodeError> {
     let prefix = decode_prefix(&frame)?;
     if frame.len() != prefix.frame_len as usize {
         return Err(DecodeError::Truncated("frame shorter than frame_len"));
     }
-    frame.advance(PREFIX_LEN);
-    let mut header = frame.split_to(prefix.header_len as usize);
-    let payload = frame;
-    decode_header(&mut header, payload)
+    // The header is read in place; only the payload becomes a new handle on
+    // the frame (each one costs an atomic increment and decrement).
+    let payload_at = PREFIX_LEN + prefix.header_len as usize;
+    let header = frame
+        .get(PREFIX_LEN..payload_at)
+        .ok_or(DecodeError::Truncated("header"))?;
+    decode_header(header, frame.slice(payload_at..))
 }
 
-fn decode_header(h: &mut Bytes, payload: Bytes) -> Result<Message, DecodeError> {
+fn decode_header(mut h: &[u8], payload: Bytes) -> Result<Message, DecodeError> {
     if h.remaining() < FIXED_HEADER_LEN {
         return Err(DecodeError::Truncated("fixed header"));
     }
@@ -385,25 +388,24 @@ fn decode_header(h: &mut Bytes, payload: Bytes) -> Result<Message, DecodeError> 
             return Err(DecodeError::TagOrder(t));
         }
         last_tag = Some(t);
-        let value = h.split_to(len);
+        let (value, rest) = h
+            .split_at_checked(len)
+            .ok_or(DecodeError::Truncated("field value"))?;
+        h = rest;
         match t {
-            tag::EXPIRES_AT => msg.expires_at = Some(fixed_u64(&value, "expires_at")?),
+            tag::EXPIRES_AT => msg.expires_at = Some(fixed_u64(value, "expires_at")?),
             tag::TIMEOUT => {
                 msg.timeout = Some(std::time::Duration::from_millis(fixed_u64(
-                    &value, "timeout",
+                    value, "timeout",
                 )?))
             }
             tag::REQUEST_ID => msg.request_id = Some(utf8(value, "request_id")?),
             tag::CORRELATION_ID => {
-                let bytes: [u8; 16] =
-                    value
-                        .as_ref()
-                        .try_into()
-                        .map_err(|_| DecodeError::FieldLength {
-                            field: "correlation_id",
-                            len,
-                            expected: 16,
-                        })?;
+                let bytes: [u8; 16] = value.try_into().map_err(|_| DecodeError::FieldLength {
+                    field: "correlation_id",
+                    len,
+                    expected: 16,
+                })?;
                 msg.correlation_id = Some(Uuid::from_bytes(bytes));
             }
             tag::SUBJECT => msg.subject = Some(utf8(value, "subject")?),
@@ -427,8 +429,10 @@ fn fixed_u64(v: &[u8], field: &'static str) -> Result<u64, DecodeError> {
     Ok(u64::from_le_bytes(bytes))
 }
 
-fn utf8(v: Bytes, field: &'static str) -> Result<String, DecodeError> {
-    String::from_utf8(v.to_vec()).map_err(|_| DecodeError::InvalidUtf8(field))
+fn utf8(v: &[u8], field: &'static str) -> Result<String, DecodeError> {
+    std::str::from_utf8(v)
+        .map(str::to_owned)
+        .map_err(|_| DecodeError::InvalidUtf8(field))
 }
 
 /// What the streaming [`Decoder`] produced.
