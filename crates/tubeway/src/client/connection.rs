@@ -48,7 +48,7 @@ struct State {
     /// Why the connection closed, once it has.
     closed: Option<String>,
     /// Calls waiting for a `response`, by the id of the message they sent.
-    pending: HashMap<Uuid, oneshot::Sender<Message>>,
+    pending: HashMap<Uuid, Waiter>,
     /// Subscriptions, by the id of their `subscribe` message.
     subscriptions: HashMap<Uuid, mpsc::Sender<Message>>,
     /// Worker registrations, by the id of their `create_function` message.
@@ -56,6 +56,24 @@ struct State {
     /// Polls their caller gave up on, by id, with their queue: a message the
     /// broker took for one before it learnt is offered back, not lost.
     abandoned: HashMap<Uuid, String>,
+}
+
+impl State {
+    /// Remembers poll `id` on `queue` as given up by its caller.
+    fn abandon(&mut self, id: Uuid, queue: String) {
+        if self.abandoned.len() >= MAX_ABANDONED {
+            self.abandoned.clear();
+        }
+        self.abandoned.insert(id, queue);
+    }
+}
+
+/// A call waiting for its response.
+struct Waiter {
+    tx: oneshot::Sender<Message>,
+    /// The queue, for a poll: its message must not be lost if the caller
+    /// is gone when it arrives.
+    poll_queue: Option<String>,
 }
 
 /// Withdrawn polls remembered at most; past it all are forgotten at once
@@ -229,7 +247,12 @@ async fn read_loop(conn: Arc<Conn>, mut frames: FrameReader) {
             r = frames.next() => r,
         };
         match next {
-            Ok(Some(Decoded::Message(m))) => conn.route(m).await,
+            Ok(Some(Decoded::Message(m))) => {
+                // The common case, a response to a waiting call, without a future.
+                if let Some(m) = conn.answer_waiting_call(m) {
+                    conn.route(m).await;
+                }
+            }
             Ok(Some(Decoded::TooLarge {
                 id,
                 type_code,
@@ -278,8 +301,26 @@ impl Conn {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Routes one message from the broker.
-    async fn route(self: &Arc<Self>, m: Message) {
+    /// Hands a response to the call waiting for it; any other message back.
+    pub(crate) fn answer_waiting_call(&self, m: Message) -> Option<Message> {
+        let cid = match (m.r#type, m.correlation_id) {
+            (MessageType::Response, Some(cid)) => cid,
+            _ => return Some(m),
+        };
+        let Some(waiter) = self.lock().pending.remove(&cid) else {
+            return Some(m);
+        };
+        let m = waiter.tx.send(m).err()?;
+        // The caller gave up just now, after the entry was taken: a polled
+        // message is offered back like one for a withdrawn poll.
+        let queue = waiter.poll_queue?;
+        self.lock().abandon(cid, queue);
+        Some(m)
+    }
+
+    /// Routes one message from the broker that is not a response to a
+    /// waiting call.
+    pub(crate) async fn route(self: &Arc<Self>, m: Message) {
         let Some(cid) = m.correlation_id else {
             if m.r#type == MessageType::Ping && !m.oneway {
                 self.reply(m.id, ResponseStatus::Ok, "").await;
@@ -290,19 +331,10 @@ impl Conn {
         };
         match m.r#type {
             MessageType::Response => {
-                let (waiter, abandoned) = {
-                    let mut s = self.lock();
-                    match s.pending.remove(&cid) {
-                        Some(w) => (Some(w), None),
-                        None => (None, s.abandoned.remove(&cid)),
-                    }
-                };
-                match (waiter, abandoned) {
-                    (Some(w), _) => {
-                        let _ = w.send(m);
-                    }
-                    (None, Some(queue)) if m.status().is_ok() => self.offer_back(m, queue).await,
-                    (None, _) => tracing::debug!("response to a call no longer waiting: {cid}"),
+                let abandoned = self.lock().abandoned.remove(&cid);
+                match abandoned {
+                    Some(queue) if m.status().is_ok() => self.offer_back(m, queue).await,
+                    _ => tracing::debug!("response to a call no longer waiting: {cid}"),
                 }
             }
             MessageType::Publish => {
@@ -420,6 +452,9 @@ impl Conn {
         &self,
         msg: &mut Message,
     ) -> Result<(oneshot::Receiver<Message>, bool)> {
+        let poll_queue = (msg.r#type == MessageType::Poll)
+            .then(|| msg.destination.clone())
+            .flatten();
         let mut s = self.lock();
         if let Some(reason) = &s.closed {
             return Err(Error::ConnectionClosed(reason.clone()));
@@ -428,23 +463,20 @@ impl Conn {
             msg.id = Uuid::new_v4();
         }
         let (tx, rx) = oneshot::channel();
-        s.pending.insert(msg.id, tx);
+        s.pending.insert(msg.id, Waiter { tx, poll_queue });
         Ok((rx, s.pending.len() > 1))
     }
 
     /// Forgets a call once it has ended. A poll that ended unanswered (its
     /// caller gave up) is withdrawn at the broker, and remembered in case
     /// the broker had already sent it a message.
-    pub(crate) fn remove_pending(&self, id: Uuid, poll_queue: Option<&str>) {
+    pub(crate) fn remove_pending(&self, id: Uuid) {
         let withdraw = {
             let mut s = self.lock();
-            let unanswered = s.pending.remove(&id).is_some();
-            match poll_queue {
-                Some(queue) if unanswered && s.closed.is_none() => {
-                    if s.abandoned.len() >= MAX_ABANDONED {
-                        s.abandoned.clear();
-                    }
-                    s.abandoned.insert(id, queue.to_owned());
+            let unanswered = s.pending.remove(&id);
+            match unanswered.and_then(|w| w.poll_queue) {
+                Some(queue) if s.closed.is_none() => {
+                    s.abandon(id, queue);
                     self.can_cancel.load(Ordering::Relaxed)
                 }
                 _ => false,

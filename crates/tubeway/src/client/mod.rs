@@ -231,13 +231,7 @@ impl AsyncClient {
         let conn = self.conn();
         let (rx, pipelined) = conn.register_pending(&mut msg)?;
         // Removes the entry however this call ends: answered, timed out, or cancelled.
-        let pending = PendingGuard {
-            conn,
-            id: msg.id,
-            poll_queue: (msg.r#type == MessageType::Poll)
-                .then(|| msg.destination.clone())
-                .flatten(),
-        };
+        let pending = PendingGuard { conn, id: msg.id };
         let frame = conn.encode(&msg)?;
         Ok(Started {
             pending,
@@ -547,14 +541,11 @@ impl AsyncClient {
 struct PendingGuard<'a> {
     conn: &'a Conn,
     id: uuid::Uuid,
-    /// The queue, for a poll.
-    poll_queue: Option<String>,
 }
 
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
-        self.conn
-            .remove_pending(self.id, self.poll_queue.as_deref());
+        self.conn.remove_pending(self.id);
     }
 }
 

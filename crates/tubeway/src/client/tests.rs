@@ -931,3 +931,32 @@ async fn a_started_call_is_a_small_future_without_the_message() {
     });
     assert!(answer.unwrap().status().is_ok());
 }
+
+/// The reader may take a poll's entry just as its caller gives up, so the
+/// caller finds nothing to withdraw: the message is offered back all the
+/// same, and a plain call's answer is simply dropped.
+#[tokio::test]
+async fn a_poll_answer_whose_caller_left_after_its_entry_was_taken_is_offered_back() {
+    let (client, mut peer) = pair().await;
+    let conn = client.conn_arc();
+    let mut poll = Message::new(MessageType::Poll).with_destination("jobs");
+    let (rx, _) = conn.register_pending(&mut poll).unwrap();
+    drop(rx);
+    let answer =
+        poll.response(ResponseStatus::Ok)
+            .with_text("job 1", tubeway_proto::MIME_TEXT, "utf-8");
+    let left = conn.answer_waiting_call(answer).expect("handed back");
+    within(conn.route(left)).await;
+    let back = peer.recv().await;
+    assert_eq!(back.r#type, MessageType::Offer);
+    assert_eq!(back.destination.as_deref(), Some("jobs"));
+    assert_eq!(back.text_payload().unwrap(), "job 1");
+
+    let mut call = Message::new(MessageType::Request).with_destination("f");
+    let (rx, _) = conn.register_pending(&mut call).unwrap();
+    drop(rx);
+    assert!(conn
+        .answer_waiting_call(call.response(ResponseStatus::Ok))
+        .is_none());
+    assert_eq!(conn.pending_len(), 0);
+}
