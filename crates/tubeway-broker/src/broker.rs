@@ -1,6 +1,6 @@
 use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -90,6 +90,9 @@ pub(crate) struct Inner {
     pub functions: RwLock<HashMap<String, Arc<Function>>>,
     pub counters: Counters,
     pub shutdown: CancellationToken,
+    /// Set when shutdown begins, before `shutdown` is cancelled: what a
+    /// connection checks between requests (a look at the token takes a lock).
+    pub shutting_down: AtomicBool,
     pub tracker: TaskTracker,
     next_conn: std::sync::atomic::AtomicU64,
     started: Instant,
@@ -287,6 +290,7 @@ impl Broker {
                 functions: RwLock::default(),
                 counters: Counters::default(),
                 shutdown: CancellationToken::new(),
+                shutting_down: AtomicBool::new(false),
                 tracker: TaskTracker::new(),
                 next_conn: Default::default(),
                 started: Instant::now(),
@@ -513,7 +517,7 @@ impl Broker {
 
     /// Whether [`Broker::shutdown`] has begun.
     pub fn is_shut_down(&self) -> bool {
-        self.inner.shutdown.is_cancelled()
+        self.inner.shutting_down.load(Ordering::Acquire)
     }
 
     /// Shuts down gracefully: stops accepting, answers waiting pollers and
@@ -521,6 +525,7 @@ impl Broker {
     /// connection. Returns within [`BrokerConfig::shutdown_timeout`] (plus a
     /// little to flush).
     pub async fn shutdown(&self) {
+        self.inner.shutting_down.store(true, Ordering::Release);
         self.inner.shutdown.cancel();
         // Ending every subscription first lets subscriber tasks finish, and
         // tells remote subscribers why their deliveries stop.

@@ -476,10 +476,14 @@ impl Session {
         let shutting_down = shutdown.cancelled();
         tokio::pin!(shutting_down);
         loop {
+            if self.inner.shutting_down.load(Ordering::Acquire) {
+                return self.drain(reader).await;
+            }
+            // The token is looked at only when no request is ready.
             let item = tokio::select! {
                 biased;
-                () = &mut shutting_down => return self.drain(reader).await,
                 r = reader.next() => r,
+                () = &mut shutting_down => return self.drain(reader).await,
             };
             let counters = &self.inner.counters;
             match item {

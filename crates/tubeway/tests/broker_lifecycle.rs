@@ -24,6 +24,8 @@ crate::transport_tests! {
     graceful_shutdown with BrokerConfig::default().shutdown_timeout(Duration::from_secs(3)),
     graceful_shutdown_lets_remote_worker_calls_finish
         with BrokerConfig::default().shutdown_timeout(Duration::from_secs(3)),
+    shutdown_is_not_held_up_by_clients_that_keep_sending
+        with BrokerConfig::default().shutdown_timeout(Duration::from_secs(3)),
     statistics,
     error_responses_over_the_wire with BrokerConfig::default().max_message_size(64 * 1024),
     handshake_refusals,
@@ -330,6 +332,35 @@ async fn graceful_shutdown(h: &Harness) {
     assert!(step(AsyncClient::connect(&h.url)).await.is_err());
     let listen: tubeway::Url = h.url.parse().unwrap();
     assert!(h.broker.listen(&listen).await.is_err());
+}
+
+/// A connection whose requests keep arriving (frames always ready to read,
+/// so its reader never waits) still learns of the shutdown: it is closed
+/// and the shutdown finishes well inside the grace period.
+async fn shutdown_is_not_held_up_by_clients_that_keep_sending(h: &Harness) {
+    let mut raw = Raw::connect(h).await;
+    raw.send(&hello(1, 1)).await;
+    assert_eq!(raw.recv().await.status(), ResponseStatus::Ok);
+    let mut ping = Message::new(MessageType::Ping);
+    ping.oneway = true;
+    let frame = codec::encode(&ping, 1024).unwrap().to_vec();
+    let burst = frame.repeat(1000);
+    let Raw { frames, mut writer } = raw;
+    // Oneway pings get no answer, so nothing ever waits for this side to read.
+    let flood = tokio::spawn(async move { while writer.write_all(&burst).await.is_ok() {} });
+    let c = h.client().await;
+    let sent = step(c.stats()).await.unwrap().messages_in;
+    eventually("the pings are flowing", || {
+        let c = c.clone();
+        async move { step(c.stats()).await.unwrap().messages_in > sent + 10_000 }
+    })
+    .await;
+    let grace = h.broker.config().shutdown_timeout;
+    let t0 = Instant::now();
+    within(grace + Duration::from_secs(2), h.broker.shutdown()).await;
+    assert!(t0.elapsed() < grace, "shutdown took {:?}", t0.elapsed());
+    step(flood).await.unwrap();
+    drop(frames);
 }
 
 /// Graceful shutdown lets calls in flight finish, as `graceful_shutdown`

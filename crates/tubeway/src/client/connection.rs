@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
@@ -34,9 +34,12 @@ pub(crate) type Dispatch = Arc<dyn Fn(Message) -> HandlerTask + Send + Sync>;
 pub(crate) struct Conn {
     state: Mutex<State>,
     /// The broker understands `cancel`.
-    can_cancel: std::sync::atomic::AtomicBool,
+    can_cancel: AtomicBool,
     /// Cancelled on close: the reader stops, wherever it runs.
     stop: CancellationToken,
+    /// Set on close, before `stop` is cancelled: what the reader checks
+    /// between frames (a look at the token takes a lock).
+    stopping: AtomicBool,
     /// The broker's limit from the handshake; larger messages are refused locally.
     max_send: AtomicUsize,
 }
@@ -133,8 +136,9 @@ pub(crate) async fn establish(
 
     let (frame_writer, flusher) = FrameWriter::new(stream.writer);
     let conn = Arc::new(Conn {
-        can_cancel: std::sync::atomic::AtomicBool::new(false),
+        can_cancel: AtomicBool::new(false),
         stop: CancellationToken::new(),
+        stopping: AtomicBool::new(false),
         state: Mutex::new(State {
             writer: Some(frame_writer),
             ..State::default()
@@ -241,10 +245,14 @@ async fn read_loop(conn: Arc<Conn>, mut frames: FrameReader) {
     let stopped = stop.cancelled();
     tokio::pin!(stopped);
     let reason = loop {
+        if conn.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        // The token is looked at only when no frame is ready.
         let next = tokio::select! {
             biased;
-            () = &mut stopped => return,
             r = frames.next() => r,
+            () = &mut stopped => return,
         };
         match next {
             Ok(Some(Decoded::Message(m))) => {
@@ -571,6 +579,7 @@ impl Conn {
             w.close();
         }
         drop((writer, pending, subscriptions, workers));
+        self.stopping.store(true, Ordering::Release);
         self.stop.cancel();
     }
 }
