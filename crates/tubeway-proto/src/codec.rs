@@ -381,17 +381,14 @@ fn decode_header(mut h: &[u8], payload: Bytes) -> Result<Message, DecodeError> {
         }
         let t = h.get_u8();
         let len = h.get_u16_le() as usize;
-        if h.remaining() < len {
-            return Err(DecodeError::Truncated("field value"));
-        }
-        if last_tag.is_some_and(|l| t <= l) {
-            return Err(DecodeError::TagOrder(t));
-        }
-        last_tag = Some(t);
         let (value, rest) = h
             .split_at_checked(len)
             .ok_or(DecodeError::Truncated("field value"))?;
         h = rest;
+        if last_tag.is_some_and(|l| t <= l) {
+            return Err(DecodeError::TagOrder(t));
+        }
+        last_tag = Some(t);
         match t {
             tag::EXPIRES_AT => msg.expires_at = Some(fixed_u64(value, "expires_at")?),
             tag::TIMEOUT => {

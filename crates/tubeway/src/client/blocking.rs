@@ -496,7 +496,7 @@ impl Client {
 
     /// Calls `function`; see [`AsyncClient::send`].
     pub fn send(&self, function: &str, msg: Message) -> Result<Message> {
-        let timeout = msg.timeout.unwrap_or(self.inner.options().timeout);
+        let timeout = self.inner.call_timeout(&msg);
         self.send_timeout(function, msg, timeout)
     }
 

@@ -251,6 +251,12 @@ impl AsyncClient {
             .map_err(|_| Error::Timeout(self.inner.options.timeout))?
     }
 
+    /// How long a call of a function with `msg` may take: its own timeout,
+    /// else the default.
+    pub(crate) fn call_timeout(&self, msg: &Message) -> Duration {
+        msg.timeout.unwrap_or(self.inner.options.timeout)
+    }
+
     /// The client-side wait for a message the broker may hold for `broker_timeout`.
     pub(crate) fn wait_for(&self, broker_timeout: Option<Duration>) -> Duration {
         broker_timeout.map_or(self.inner.options.timeout, |t| {
@@ -274,7 +280,7 @@ impl AsyncClient {
     /// [`Error::Status`]. Uses the message's `timeout` if set, else the
     /// default timeout, and tells the broker so it gives up too.
     pub async fn send(&self, function: &str, msg: Message) -> Result<Message> {
-        let timeout = msg.timeout.unwrap_or(self.inner.options.timeout);
+        let timeout = self.call_timeout(&msg);
         self.send_timeout(function, msg, timeout).await
     }
 
