@@ -26,6 +26,7 @@ crate::transport_tests! {
     two_workers_share_calls_round_robin,
     worker_disconnect_fails_the_call_in_flight,
     call_timeout_shorter_than_the_handler,
+    blocking_call_gives_up_at_its_own_timeout,
     function_status_counts_calls_and_errors,
     blocking_worker_serves_while_its_thread_waits,
     blocking_oneway_calls_are_flushed_when_the_client_drops,
@@ -494,6 +495,48 @@ async fn call_timeout_shorter_than_the_handler(h: &Harness) {
     .await;
     assert_status(r, ResponseStatus::Timeout);
     assert!(t0.elapsed() < Duration::from_secs(2));
+}
+
+/// The blocking client's own deadline, with the broker still waiting: the
+/// call ends on time whether its thread sleeps or spins, and the
+/// connection serves the next call.
+async fn blocking_call_gives_up_at_its_own_timeout(h: &Harness) {
+    echo(h);
+    h.broker
+        .create_async_function("stuck", |_m: Message| async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Ok(Message::plain_text("too late"))
+        })
+        .unwrap();
+    for wait in [None, Some(tubeway::WaitStrategy::BusySpin)] {
+        let (url, mut options) = (h.url.clone(), h.client_options());
+        if wait.is_some() {
+            options.wait = wait;
+        }
+        let (r, took, next) = on_thread(move || {
+            let c = Client::connect_with(&url, options).unwrap();
+            // The broker is told 30 s; the client waits 300 ms.
+            let call = Message::plain_text("x")
+                .with_type(tubeway::MessageType::Request)
+                .with_destination("stuck")
+                .with_timeout(Duration::from_secs(30));
+            let t0 = Instant::now();
+            let r = c.request_timeout(call, Duration::from_millis(300));
+            let took = t0.elapsed();
+            let next = c
+                .send("echo", Message::plain_text("next"))
+                .map(|m| text(&m));
+            (r, took, next)
+        })
+        .await;
+        assert!(matches!(r, Err(Error::Timeout(_))), "{wait:?}: {r:?}");
+        assert!(
+            took >= Duration::from_millis(300),
+            "{wait:?}: after {took:?}"
+        );
+        assert!(took < Duration::from_secs(5), "{wait:?}: after {took:?}");
+        assert_eq!(next.unwrap(), "next", "{wait:?}");
+    }
 }
 
 async fn function_status_counts_calls_and_errors(h: &Harness) {

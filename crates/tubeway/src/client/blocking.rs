@@ -6,7 +6,9 @@
 //! sleeps in the kernel (or spins, by [`ClientOptions::wait`]) until the
 //! response is readable, reads it and returns, so a round trip costs what a
 //! hand-written ping-pong costs: no hand-off to an I/O thread, no second
-//! wake-up, no task switch. While several threads call at once, the one
+//! wake-up, no task switch. A response that arrives while the reader spins
+//! is taken without entering the runtime's scheduler or arming a timer;
+//! only a wait that outlasts the spin runs on the runtime. While several threads call at once, the one
 //! holding the reader reads for all and wakes the others as their responses
 //! arrive; when it is done, another takes over. While something must be
 //! served with nobody calling (a [`Worker`], a [`SubscriptionHandle`], a
@@ -23,8 +25,8 @@ use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::task::{Context, Poll};
-use std::time::Duration;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
 
 use tokio::runtime::{Builder, Handle, Runtime};
 use tokio::sync::Notify;
@@ -94,6 +96,20 @@ struct Driver {
     /// Signalled when the reader is put back.
     reader_free: Notify,
     conn: OnceLock<Arc<Conn>>,
+    /// The waker of a wait that runs outside the runtime (see
+    /// [`Driver::spin_on`]): nothing needs waking, the thread is polling.
+    spinning: Waker,
+}
+
+/// A waker for a thread that polls by itself.
+struct Polling;
+
+impl Wake for Polling {
+    fn wake(self: Arc<Self>) {}
+
+    // Not the default, which clones the Arc to call `wake`: a spinning
+    // reader wakes its task once per message.
+    fn wake_by_ref(self: &Arc<Self>) {}
 }
 
 impl std::fmt::Debug for Driver {
@@ -154,6 +170,7 @@ impl Driver {
             reader: Mutex::new(None),
             reader_free: Notify::new(),
             conn: OnceLock::new(),
+            spinning: Waker::from(Arc::new(Polling)),
         }))
     }
 
@@ -178,24 +195,85 @@ impl Driver {
     /// Runs `f` to completion on this thread, running the connection's
     /// reader meanwhile whenever nobody else does.
     fn block_on<F: Future>(&self, f: F) -> F::Output {
+        match self.block_on_until(f, None) {
+            Some(v) => v,
+            None => unreachable!("a wait without a deadline ended without its output"),
+        }
+    }
+
+    /// [`block_on`](Self::block_on), giving up at `deadline`.
+    fn block_on_until<F: Future>(&self, f: F, deadline: Option<Instant>) -> Option<F::Output> {
         // A large future goes on the heap once, not copied again by every
         // layer below; a small one (a started call's) is not worth an
         // allocation.
         if std::mem::size_of::<F>() > INLINE_FUTURE {
-            self.drive(Box::pin(f).as_mut())
+            self.run(Box::pin(f).as_mut(), deadline)
         } else {
-            self.drive(std::pin::pin!(f))
+            self.run(std::pin::pin!(f), deadline)
         }
     }
 
-    fn drive<F: Future>(&self, mut f: Pin<&mut F>) -> F::Output {
+    fn run<F: Future>(&self, mut f: Pin<&mut F>, deadline: Option<Instant>) -> Option<F::Output> {
+        if let Some(v) = self.spin_on(f.as_mut()) {
+            return Some(v);
+        }
+        self.drive(f, deadline)
+    }
+
+    /// The common case without the runtime's machinery (entering its
+    /// scheduler, arming a timer, being woken through it): when nobody else
+    /// holds the reader and nothing waits for the writer's task, polls `f`
+    /// and the reader, which spins by the wait strategy for what `f` waits
+    /// for. `None` when `f` is not done by then (the reader went to sleep,
+    /// another thread reads, a frame was queued for the writer's task):
+    /// [`drive`](Self::drive) takes over. Bounded by the reader's spin
+    /// budget; nothing is lost by giving up, `f` is only polled.
+    fn spin_on<F: Future>(&self, mut f: Pin<&mut F>) -> Option<F::Output> {
+        let mut held = self.take_reader()?;
+        // The runtime's context, for what `f` and the reader register.
+        let _context = self.rt().enter();
+        let mut cx = Context::from_waker(&self.spinning);
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return Some(v);
+        }
+        // What `f` sent was written, not queued for the writer's task (which
+        // only the runtime runs); a frame another thread queues meanwhile is
+        // that thread's to see written.
+        if self.write_backlog() {
+            return None;
+        }
+        // As in `drive`: twice, for a reader that yields after a message.
+        for _ in 0..2 {
+            if !held.poll(&mut cx) {
+                return None;
+            }
+            if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+                return Some(v);
+            }
+        }
+        None
+    }
+
+    /// Runs `f` on the runtime until it is done or `deadline` passes.
+    fn drive<F: Future>(&self, mut f: Pin<&mut F>, deadline: Option<Instant>) -> Option<F::Output> {
         self.rt().block_on(async {
             let mut held: Option<Held<'_>> = None;
             let free = self.reader_free.notified();
             tokio::pin!(free);
+            let expiry = deadline.map(|d| tokio::time::sleep_until(d.into()));
+            tokio::pin!(expiry);
+            // Pending, unless the deadline has passed.
+            let pending =
+                |expiry: Pin<&mut Option<tokio::time::Sleep>>, cx: &mut Context<'_>| match expiry
+                    .as_pin_mut()
+                    .map(|s| s.poll(cx))
+                {
+                    Some(Poll::Ready(())) => Poll::Ready(None),
+                    _ => Poll::Pending,
+                };
             std::future::poll_fn(|cx| loop {
                 if let Poll::Ready(v) = f.as_mut().poll(cx) {
-                    return Poll::Ready(v);
+                    return Poll::Ready(Some(v));
                 }
                 if held.is_none() {
                     // Interest first, so a reader put back meanwhile is not missed.
@@ -207,11 +285,11 @@ impl Driver {
                             continue;
                         }
                         // Another thread reads; it wakes us with our answer.
-                        return Poll::Pending;
+                        return pending(expiry.as_mut(), cx);
                     }
                 }
                 let Some(h) = held.as_mut() else {
-                    return Poll::Pending;
+                    return pending(expiry.as_mut(), cx);
                 };
                 // Twice: a reader that spins first yields once (for tasks its
                 // last message woke), then spins for the answer; polling it
@@ -224,13 +302,13 @@ impl Driver {
                         break;
                     }
                     if let Poll::Ready(v) = f.as_mut().poll(cx) {
-                        return Poll::Ready(v);
+                        return Poll::Ready(Some(v));
                     }
                     if self.write_backlog() {
                         break;
                     }
                 }
-                return Poll::Pending;
+                return pending(expiry.as_mut(), cx);
             })
             .await
         })
@@ -373,6 +451,23 @@ impl Exec {
         }
     }
 
+    /// [`block_on`](Self::block_on), failing with [`Error::Timeout`] once
+    /// `timeout` has passed.
+    fn block_on_timeout<F: Future>(&self, f: F, timeout: Duration) -> Result<F::Output> {
+        self.check()?;
+        let timed_out = Error::Timeout(timeout);
+        match self {
+            // A timeout too long for the clock is as good as none.
+            Exec::Own(d) => d
+                .block_on_until(f, Instant::now().checked_add(timeout))
+                .ok_or(timed_out),
+            Exec::Shared => shared_runtime()?
+                .handle()
+                .block_on(async { tokio::time::timeout(timeout, f).await })
+                .map_err(|_| timed_out),
+        }
+    }
+
     /// Runs `f` in the background.
     fn spawn<F>(&self, f: F) -> Result<(JoinHandle<F::Output>, Option<Duty>)>
     where
@@ -486,7 +581,7 @@ impl Client {
         // the message never enters it.
         self.exec.check()?;
         let started = self.inner.start(msg)?;
-        self.block_on(started.finish(timeout))?
+        self.exec.block_on_timeout(started.exchange(), timeout)?
     }
 
     /// Sends any message with `oneway` set.

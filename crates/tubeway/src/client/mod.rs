@@ -566,6 +566,14 @@ pub(crate) struct Started<'a> {
 impl Started<'_> {
     /// Writes the request and waits at most `timeout` for its response.
     pub(crate) async fn finish(self, timeout: Duration) -> Result<Message> {
+        tokio::time::timeout(timeout, self.exchange())
+            .await
+            .map_err(|_| Error::Timeout(timeout))?
+    }
+
+    /// Writes the request and waits for its response, for as long as the
+    /// caller lets this future run.
+    pub(crate) async fn exchange(self) -> Result<Message> {
         let Started {
             pending,
             frame,
@@ -573,13 +581,9 @@ impl Started<'_> {
             pipelined,
         } = self;
         let conn = pending.conn;
-        let exchange = async {
-            conn.send_frame_as(frame, pipelined).await?;
-            rx.await.map_err(|_| conn.closed_error())
-        };
-        let response = tokio::time::timeout(timeout, exchange)
-            .await
-            .map_err(|_| Error::Timeout(timeout))?;
+        conn.send_frame_as(frame, pipelined).await?;
+        let response = rx.await.map_err(|_| conn.closed_error());
+        // Removes the entry only now that the response is in.
         drop(pending);
         response
     }
