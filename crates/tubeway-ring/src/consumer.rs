@@ -189,7 +189,7 @@ impl Consumer {
         let ring = &self.ring;
         let cursor = &mut self.cursor;
         let closed = self.closed;
-        let word = &ring.header().consumer.reader_waiting;
+        let word = &ring.header().reader.reader_waiting;
         let ready = wait::announce_then_check(
             word,
             || wait::announce(word, DOORBELL),
@@ -206,7 +206,7 @@ impl Consumer {
     /// Withdraws an announcement made by
     /// [`announce_doorbell_wait`](Consumer::announce_doorbell_wait).
     pub fn withdraw_wait(&self) {
-        wait::withdraw(&self.ring.header().consumer.reader_waiting);
+        wait::withdraw(&self.ring.header().reader.reader_waiting);
     }
 
     /// Closes this end: the writer's writes fail with `Closed` from now on.
@@ -218,7 +218,7 @@ impl Consumer {
         self.closed = true;
         let header = self.ring.header();
         wait::close(
-            &header.consumer.closed,
+            &header.reader.closed,
             &header.producer.writer_waiting,
             self.doorbell.as_ref(),
         )
@@ -243,7 +243,7 @@ impl Consumer {
         let ring = &self.ring;
         let cursor = &mut self.cursor;
         let closed = self.closed;
-        let word = &ring.header().consumer.reader_waiting;
+        let word = &ring.header().reader.reader_waiting;
         let found = wait::wait_for(
             strategy,
             deadline,

@@ -25,7 +25,7 @@ pub(crate) const LINE: usize = 128;
 pub(crate) const DATA_ALIGN: usize = 4096;
 
 /// The version of every layout in this file. A reader refuses any other.
-pub(crate) const LAYOUT_VERSION: u32 = 1;
+pub(crate) const LAYOUT_VERSION: u32 = 2;
 
 /// `TWREGION` as it appears in memory.
 pub(crate) const REGION_MAGIC: u64 = u64::from_ne_bytes(*b"TWREGION");
@@ -87,8 +87,12 @@ pub(crate) struct RingHeader {
     pub meta: RingMeta,
     /// Written by the producer (and, to wake it, by the consumer).
     pub producer: ProducerLine,
-    /// Written by the consumer (and, to wake it, by the producer).
+    /// Written by the consumer for every record it releases.
     pub consumer: ConsumerLine,
+    /// Written by the consumer only to sleep or close (and, to wake it, by
+    /// the producer): the producer reads it for every record, so it must
+    /// not share a line with `head`.
+    pub reader: ReaderLine,
 }
 
 /// The constant line of a ring header.
@@ -127,6 +131,12 @@ pub(crate) struct ConsumerLine {
     /// Bytes ever released: `[head, head + capacity)` minus the readable
     /// records is free for the producer.
     pub head: AtomicU64,
+}
+
+/// The consumer's line that the producer reads for every record.
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub(crate) struct ReaderLine {
     /// How the reader waits for records: 0 not waiting, 1 futex, 2 doorbell.
     pub reader_waiting: AtomicU32,
     /// 1 once the consumer has closed: it reads no more.
@@ -151,6 +161,8 @@ impl RingHeader {
             },
             consumer: ConsumerLine {
                 head: AtomicU64::new(0),
+            },
+            reader: ReaderLine {
                 reader_waiting: AtomicU32::new(0),
                 closed: AtomicU32::new(0),
             },
@@ -303,7 +315,7 @@ const _: () = {
 const _: () = {
     use std::mem::{align_of, offset_of};
 
-    assert!(size_of::<RingHeader>() == 3 * LINE);
+    assert!(size_of::<RingHeader>() == 4 * LINE);
     assert!(align_of::<RingHeader>() == LINE);
     assert!(offset_of!(RingHeader, meta) == 0);
     assert!(offset_of!(RingHeader, producer) == LINE);
@@ -315,8 +327,10 @@ const _: () = {
     assert!(offset_of!(ProducerLine, closed) == 20);
     assert!(size_of::<ConsumerLine>() == LINE);
     assert!(offset_of!(ConsumerLine, head) == 0);
-    assert!(offset_of!(ConsumerLine, reader_waiting) == 8);
-    assert!(offset_of!(ConsumerLine, closed) == 12);
+    assert!(offset_of!(RingHeader, reader) == 3 * LINE);
+    assert!(size_of::<ReaderLine>() == LINE);
+    assert!(offset_of!(ReaderLine, reader_waiting) == 0);
+    assert!(offset_of!(ReaderLine, closed) == 4);
     // Region header, two ring headers, then the first data area at 4096.
-    assert!(LINE + 2 * 3 * LINE <= DATA_ALIGN);
+    assert!(LINE + 2 * 4 * LINE <= DATA_ALIGN);
 };

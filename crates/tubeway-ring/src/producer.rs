@@ -103,7 +103,7 @@ impl Producer {
         Sleeper::from_word(
             self.ring
                 .header()
-                .consumer
+                .reader
                 .reader_waiting
                 .load(Ordering::Relaxed),
         )
@@ -240,7 +240,7 @@ impl Producer {
         let header = self.ring.header();
         wait::close(
             &header.producer.closed,
-            &header.consumer.reader_waiting,
+            &header.reader.reader_waiting,
             self.doorbell.as_ref(),
         )
     }
@@ -310,7 +310,7 @@ impl Producer {
             .store(self.cursor.tail, Ordering::Release);
         // The publisher's half of the Dekker pair (see wait.rs).
         fence(Ordering::SeqCst);
-        wait::wake(&header.consumer.reader_waiting, self.doorbell.as_ref())
+        wait::wake(&header.reader.reader_waiting, self.doorbell.as_ref())
     }
 }
 
@@ -324,7 +324,7 @@ impl Drop for Producer {
 
 /// Whether the reader closed or its process was declared dead.
 fn reader_gone(ring: &Ring) -> bool {
-    ring.header().consumer.closed.load(Ordering::Relaxed) != 0 || ring.peer_dead()
+    ring.header().reader.closed.load(Ordering::Relaxed) != 0 || ring.peer_dead()
 }
 
 /// The producer's indices and the space arithmetic on them.

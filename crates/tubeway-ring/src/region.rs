@@ -262,7 +262,7 @@ impl Region {
         // `wait.rs`).
         side.of(&self.peer_dead).store(true, Ordering::Release);
         fence(Ordering::SeqCst);
-        let rx = &side.peer().of(&self.rings).header().consumer.reader_waiting;
+        let rx = &side.peer().of(&self.rings).header().reader.reader_waiting;
         let tx = &side.of(&self.rings).header().producer.writer_waiting;
         for word in [rx, tx] {
             if word.swap(0, Ordering::Relaxed) != 0 {

@@ -85,12 +85,13 @@ fn a_wrong_magic_or_version_is_refused() {
     assert!(matches!(open(fd), Err(OpenError::Magic { .. })));
 
     let (_region, fd) = shared(4096);
-    poke(&fd, 8, &2u32.to_ne_bytes());
+    // Version 1 kept the reader's waiting word on its head's line.
+    poke(&fd, 8, &1u32.to_ne_bytes());
     assert!(matches!(
         open(fd),
         Err(OpenError::Version {
-            found: 2,
-            expected: 1
+            found: 1,
+            expected: 2
         })
     ));
 
@@ -102,7 +103,8 @@ fn a_wrong_magic_or_version_is_refused() {
     ));
 
     let (_region, fd) = shared(4096);
-    poke(&fd, 128 + 384 + 8, &7u32.to_ne_bytes()); // ring 1's version
+    let ring1 = 128 + std::mem::size_of::<crate::layout::RingHeader>() as u64;
+    poke(&fd, ring1 + 8, &7u32.to_ne_bytes()); // ring 1's version
     assert!(matches!(
         open(fd),
         Err(OpenError::RingHeader { ring: 1, .. })
