@@ -218,10 +218,9 @@ impl FrameReader {
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
-        let now = Instant::now();
-        let started = *self.spin.started.get_or_insert(now);
-        let slice_end = now + SPIN_SLICE;
-        let mut next_yield = now + SPIN_YIELD_EVERY;
+        // The clock is first read at the first check, not on entry: most
+        // waits end before it, and the budget is tens of microseconds.
+        let mut slice: Option<(Instant, Instant)> = None;
         let mut spins = 0u32;
         loop {
             std::hint::spin_loop();
@@ -234,17 +233,20 @@ impl FrameReader {
                 continue;
             }
             let now = Instant::now();
+            let started = *self.spin.started.get_or_insert(now);
+            let (slice_end, next_yield) =
+                slice.get_or_insert((now + SPIN_SLICE, now + SPIN_YIELD_EVERY));
             if self.wait.spin().is_some_and(|b| now - started >= b) {
                 break;
             }
-            if self.wait.spin().is_some() && now >= next_yield {
+            if self.wait.spin().is_some() && now >= *next_yield {
                 // The thread that will answer may be waiting for this very
                 // CPU (schedulers do put a waker and its wakee together):
                 // let it run. A no-op costing a system call when nobody waits.
                 std::thread::yield_now();
-                next_yield = now + SPIN_YIELD_EVERY;
+                *next_yield = now + SPIN_YIELD_EVERY;
             }
-            if now >= slice_end {
+            if now >= *slice_end {
                 self.spin.yielded = false;
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
