@@ -8,12 +8,12 @@
 //! hand-written ping-pong costs: no hand-off to an I/O thread, no second
 //! wake-up, no task switch. A response that arrives while the reader spins
 //! is taken without entering the runtime's scheduler or arming a timer;
-//! only a wait that outlasts the spin runs on the runtime. While several threads call at once, the one
-//! holding the reader reads for all and wakes the others as their responses
-//! arrive; when it is done, another takes over. While something must be
-//! served with nobody calling (a [`Worker`], a [`SubscriptionHandle`], a
-//! [`ResponseFuture`] not yet waited for), a background thread holds the
-//! reader instead.
+//! only a wait that outlasts the spin runs on the runtime. While several
+//! threads call at once, the one holding the reader reads for all and wakes
+//! the others as their responses arrive; when it is done, another takes
+//! over. While something must be served with nobody calling (a [`Worker`],
+//! a [`SubscriptionHandle`], a [`ResponseFuture`] not yet waited for), a
+//! background thread holds the reader instead.
 //!
 //! Every call is bounded by a timeout, as in [`AsyncClient`]. Calling from
 //! inside an async runtime fails with [`Error::Runtime`] instead of blocking
