@@ -226,8 +226,10 @@ impl Driver {
     /// and the reader, which spins by the wait strategy for what `f` waits
     /// for. `None` when `f` is not done by then (the reader went to sleep,
     /// another thread reads, a frame was queued for the writer's task):
-    /// [`drive`](Self::drive) takes over. Bounded by the reader's spin
-    /// budget; nothing is lost by giving up, `f` is only polled.
+    /// [`drive`](Self::drive) takes over. Bounded by one slice of the
+    /// reader's spin (it then gives its runtime a turn), so a busy-spinning
+    /// reader still lets `drive` see the deadline; nothing is lost by
+    /// giving up, `f` is only polled.
     fn spin_on<F: Future>(&self, mut f: Pin<&mut F>) -> Option<F::Output> {
         let mut held = self.take_reader()?;
         // The runtime's context, for what `f` and the reader register.
