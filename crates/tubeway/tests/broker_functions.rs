@@ -36,6 +36,16 @@ fn echo(h: &Harness) {
     h.broker.create_function("echo", Ok).unwrap();
 }
 
+/// A local function `name` that answers only after `delay`.
+fn answers_after(h: &Harness, name: &str, delay: Duration) {
+    h.broker
+        .create_async_function(name, move |_m: Message| async move {
+            tokio::time::sleep(delay).await;
+            Ok(Message::plain_text("late answer"))
+        })
+        .unwrap();
+}
+
 async fn call_from_async_client(h: &Harness) {
     echo(h);
     let c = h.client().await;
@@ -452,12 +462,7 @@ async fn worker_disconnect_fails_the_call_in_flight(h: &Harness) {
 
 async fn call_timeout_shorter_than_the_handler(h: &Harness) {
     echo(h);
-    h.broker
-        .create_async_function("slow", |_m: Message| async {
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            Ok(Message::plain_text("slow answer"))
-        })
-        .unwrap();
+    answers_after(h, "slow", Duration::from_secs(3));
     let c = h.client().await;
     let t0 = Instant::now();
     let r =
@@ -502,12 +507,7 @@ async fn call_timeout_shorter_than_the_handler(h: &Harness) {
 /// connection serves the next call.
 async fn blocking_call_gives_up_at_its_own_timeout(h: &Harness) {
     echo(h);
-    h.broker
-        .create_async_function("stuck", |_m: Message| async {
-            tokio::time::sleep(Duration::from_secs(30)).await;
-            Ok(Message::plain_text("too late"))
-        })
-        .unwrap();
+    answers_after(h, "stuck", Duration::from_secs(30));
     for wait in [None, Some(tubeway::WaitStrategy::BusySpin)] {
         let (url, mut options) = (h.url.clone(), h.client_options());
         if wait.is_some() {

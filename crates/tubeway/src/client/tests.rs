@@ -917,14 +917,14 @@ async fn a_started_call_is_a_small_future_without_the_message() {
     // A payload-laden message: none of it may enter the future.
     let msg = Message::binary(vec![7u8; 4096], None).with_type(MessageType::Request);
     let started = client.start(msg).unwrap();
-    let finish = started.finish(STEP);
-    // The blocking client drives a future this small without an allocation.
+    let exchange = started.exchange();
+    // The blocking client drives this future, on the stack when it is this small.
     assert!(
-        std::mem::size_of_val(&finish) <= super::blocking::INLINE_FUTURE,
+        std::mem::size_of_val(&exchange) <= super::blocking::INLINE_FUTURE,
         "{} bytes",
-        std::mem::size_of_val(&finish)
+        std::mem::size_of_val(&exchange)
     );
-    let (answer, ()) = tokio::join!(within(finish), async {
+    let (answer, ()) = tokio::join!(within(exchange), async {
         let req = peer.recv().await;
         assert_eq!(req.payload.len(), 4096);
         peer.answer(&req, ResponseStatus::Ok).await;
