@@ -5,7 +5,7 @@
 //! task; the blocking client lets the thread that waits for an answer poll
 //! it, so the answer is read on the thread that wants it.
 
-use std::collections::HashMap;
+use std::collections::hash_map::{Entry, HashMap};
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -33,6 +33,9 @@ pub(crate) type Dispatch = Arc<dyn Fn(Message) -> HandlerTask + Send + Sync>;
 /// State shared by the client handle, the reader task and the writer task.
 pub(crate) struct Conn {
     state: Mutex<State>,
+    /// Kept out of `state`: a send needs neither its lock nor a clone.
+    /// Closed (not dropped) on close, which lets it flush and stop.
+    writer: FrameWriter,
     /// The broker understands `cancel`.
     can_cancel: AtomicBool,
     /// Cancelled on close: the reader stops, wherever it runs.
@@ -46,8 +49,6 @@ pub(crate) struct Conn {
 
 #[derive(Default)]
 struct State {
-    /// `None` once closed; closing it lets the writer flush and stop.
-    writer: Option<FrameWriter>,
     /// Why the connection closed, once it has.
     closed: Option<String>,
     /// Calls waiting for a `response`, by the id of the message they sent.
@@ -139,10 +140,8 @@ pub(crate) async fn establish(
         can_cancel: AtomicBool::new(false),
         stop: CancellationToken::new(),
         stopping: AtomicBool::new(false),
-        state: Mutex::new(State {
-            writer: Some(frame_writer),
-            ..State::default()
-        }),
+        state: Mutex::default(),
+        writer: frame_writer,
         max_send: AtomicUsize::new(max_receive),
     });
     let writer = tokio::spawn(write_loop(flusher, Arc::downgrade(&conn)));
@@ -433,22 +432,17 @@ impl Conn {
     /// one of several in flight), one that waits to be written with
     /// whatever else is queued at the moment, in one system call.
     pub(crate) async fn send_frame_as(&self, frame: EncodedFrame, batched: bool) -> Result<()> {
-        let writer = self.lock().writer.clone();
-        let Some(w) = writer else {
-            return Err(self.closed_error());
-        };
         let sent = if batched {
-            w.send_batched(frame).await
+            self.writer.send_batched(frame).await
         } else {
-            w.send(frame).await
+            self.writer.send(frame).await
         };
         sent.map_err(|_| self.closed_error())
     }
 
     /// Sends a frame if that needs no waiting; for drop paths, which cannot wait.
     pub(crate) fn try_send_frame(&self, frame: EncodedFrame) -> bool {
-        let writer = self.lock().writer.clone();
-        writer.is_some_and(|w| w.try_send(frame).unwrap_or(false))
+        self.writer.try_send(frame).unwrap_or(false)
     }
 
     /// Registers a call waiting for the response to `msg`. A message id
@@ -467,11 +461,18 @@ impl Conn {
         if let Some(reason) = &s.closed {
             return Err(Error::ConnectionClosed(reason.clone()));
         }
-        while s.pending.contains_key(&msg.id) {
-            msg.id = Uuid::new_v4();
-        }
         let (tx, rx) = oneshot::channel();
-        s.pending.insert(msg.id, Waiter { tx, poll_queue });
+        let waiter = Waiter { tx, poll_queue };
+        // One lookup for the common case, a fresh id.
+        loop {
+            match s.pending.entry(msg.id) {
+                Entry::Vacant(slot) => {
+                    slot.insert(waiter);
+                    break;
+                }
+                Entry::Occupied(_) => msg.id = Uuid::new_v4(),
+            }
+        }
         Ok((rx, s.pending.len() > 1))
     }
 
@@ -540,10 +541,7 @@ impl Conn {
 
     /// Whether frames wait to be written: the writer's task must run.
     pub(crate) fn write_backlog(&self) -> bool {
-        self.lock()
-            .writer
-            .as_ref()
-            .is_some_and(FrameWriter::has_backlog)
+        self.writer.has_backlog()
     }
 
     /// Whether the connection is closed.
@@ -561,24 +559,21 @@ impl Conn {
     /// subscription and worker, stops the reader, and lets the writer flush
     /// what is queued and shut the stream down. Idempotent.
     pub(crate) fn close(&self, reason: &str) {
-        let (writer, pending, subscriptions, workers) = {
+        let (pending, subscriptions, workers) = {
             let mut s = self.lock();
             if s.closed.is_some() {
                 return;
             }
             s.closed = Some(reason.to_owned());
             (
-                s.writer.take(),
                 std::mem::take(&mut s.pending),
                 std::mem::take(&mut s.subscriptions),
                 std::mem::take(&mut s.workers),
             )
         };
+        self.writer.close();
         // Dropped outside the lock: waking waiters must not contend on it.
-        if let Some(w) = &writer {
-            w.close();
-        }
-        drop((writer, pending, subscriptions, workers));
+        drop((pending, subscriptions, workers));
         self.stopping.store(true, Ordering::Release);
         self.stop.cancel();
     }

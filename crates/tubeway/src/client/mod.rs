@@ -549,6 +549,15 @@ struct PendingGuard<'a> {
     id: uuid::Uuid,
 }
 
+impl PendingGuard<'_> {
+    /// Forgets the entry without removing it: for a call whose receiver
+    /// has completed, since whoever completed it (the reader with the
+    /// response, `close` with every entry) took the entry first.
+    fn taken(self) {
+        std::mem::forget(self);
+    }
+}
+
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
         self.conn.remove_pending(self.id);
@@ -583,8 +592,8 @@ impl Started<'_> {
         let conn = pending.conn;
         conn.send_frame_as(frame, pipelined).await?;
         let response = rx.await.map_err(|_| conn.closed_error());
-        // Removes the entry only now that the response is in.
-        drop(pending);
+        // Until here the guard removes the entry if this future is dropped.
+        pending.taken();
         response
     }
 }
