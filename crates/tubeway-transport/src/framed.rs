@@ -4,7 +4,6 @@
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::io::{self, IoSlice};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{ready, Context, Poll};
 use std::time::Instant;
@@ -386,15 +385,15 @@ impl Drop for Recycled {
     }
 }
 
-/// Counters a writer keeps.
-#[derive(Debug, Default)]
+/// Counters a writer keeps, as of one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WriteStats {
     /// Frames written.
-    pub frames: AtomicU64,
+    pub frames: u64,
     /// Vectored write calls made.
-    pub syscalls: AtomicU64,
+    pub syscalls: u64,
     /// Frames written at once by the task that sent them, without a hand-off.
-    pub direct: AtomicU64,
+    pub direct: u64,
 }
 
 /// Why a frame could not be sent.
@@ -441,7 +440,6 @@ struct Shared {
     work: Notify,
     /// Wakes senders waiting for the queue to drain below its bound.
     room: Notify,
-    stats: WriteStats,
 }
 
 #[derive(Debug, Default)]
@@ -460,6 +458,8 @@ struct State {
     corked: bool,
     /// Why the writer ended, once it has.
     closed: Option<Arc<str>>,
+    /// Kept under the lock the writes take anyway: no atomic per frame.
+    stats: WriteStats,
 }
 
 impl FrameWriter {
@@ -477,7 +477,6 @@ impl FrameWriter {
             state: Mutex::default(),
             work: Notify::new(),
             room: Notify::new(),
-            stats: WriteStats::default(),
         });
         let flusher = flush_loop(shared.clone());
         (
@@ -559,8 +558,8 @@ impl FrameWriter {
     }
 
     /// The writer's counters.
-    pub fn stats(&self) -> &WriteStats {
-        &self.handle.shared.stats
+    pub fn stats(&self) -> WriteStats {
+        self.handle.shared.lock().stats
     }
 }
 
@@ -625,15 +624,17 @@ impl Shared {
         let frames = std::mem::take(&mut s.frames);
         drop(s);
         let bytes: usize = batch.iter().map(Bytes::len).sum();
-        let result = self.write_now(&mut batch);
+        let mut syscalls = 0;
+        let result = self.write_now(&mut batch, &mut syscalls);
         let mut s = self.lock();
+        s.stats.syscalls += syscalls;
         if let Err(e) = result {
             drop(s);
             return self.fail(&e);
         }
         let left: usize = batch.iter().map(Bytes::len).sum();
         if batch.is_empty() {
-            self.stats.frames.fetch_add(frames, Ordering::Relaxed);
+            s.stats.frames += frames;
             // Hand the allocation back for the next batch.
             if s.chunks.is_empty() {
                 s.chunks = batch;
@@ -656,8 +657,8 @@ impl Shared {
     }
 
     /// Writes from `batch` without waiting, until it is empty or the stream
-    /// is full.
-    fn write_now(&self, batch: &mut VecDeque<Bytes>) -> io::Result<()> {
+    /// is full, counting the calls made in `syscalls`.
+    fn write_now(&self, batch: &mut VecDeque<Bytes>, syscalls: &mut u64) -> io::Result<()> {
         while !batch.is_empty() {
             let n = {
                 let mut slices = [IoSlice::new(&[]); MAX_IOV];
@@ -675,7 +676,7 @@ impl Shared {
                     Err(e) => return Err(e),
                 }
             };
-            self.stats.syscalls.fetch_add(1, Ordering::Relaxed);
+            *syscalls += 1;
             if n == 0 {
                 return Err(io::ErrorKind::WriteZero.into());
             }
@@ -717,18 +718,16 @@ impl Shared {
             self.io
                 .try_write_vectored(slices.get(..n).unwrap_or_default())
         };
-        let n = match written {
-            Ok(n) => {
-                self.stats.syscalls.fetch_add(1, Ordering::Relaxed);
-                n
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+        let (n, calls) = match written {
+            Ok(n) => (n, 1),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => (0, 0),
             Err(e) => return self.fail(&e),
         };
         let mut s = self.lock();
+        s.stats.syscalls += calls;
         if n == total {
-            self.stats.frames.fetch_add(1, Ordering::Relaxed);
-            self.stats.direct.fetch_add(1, Ordering::Relaxed);
+            s.stats.frames += 1;
+            s.stats.direct += 1;
         } else {
             // The rest goes first: frames queued meanwhile came later.
             let mut rest = [frame.head, frame.payload];
@@ -800,12 +799,16 @@ async fn flush_loop(shared: Arc<Shared>) -> io::Result<()> {
             continue;
         };
         let bytes: usize = batch.iter().map(Bytes::len).sum();
-        if let Err(e) = write_all(&shared, &mut batch).await {
+        let mut syscalls = 0;
+        let written = write_all(&shared, &mut batch, &mut syscalls).await;
+        let mut s = shared.lock();
+        s.stats.syscalls += syscalls;
+        if let Err(e) = written {
+            drop(s);
             shared.fail(&e);
             return Err(e);
         }
-        shared.stats.frames.fetch_add(frames, Ordering::Relaxed);
-        let mut s = shared.lock();
+        s.stats.frames += frames;
         s.queued = s.queued.saturating_sub(bytes);
         s.writing = false;
         drop(s);
@@ -813,11 +816,16 @@ async fn flush_loop(shared: Arc<Shared>) -> io::Result<()> {
     }
 }
 
-/// Writes every chunk of `batch`, waiting for the stream to take them.
-async fn write_all(shared: &Shared, batch: &mut VecDeque<Bytes>) -> io::Result<()> {
+/// Writes every chunk of `batch`, waiting for the stream to take them,
+/// counting the calls made in `syscalls`.
+async fn write_all(
+    shared: &Shared,
+    batch: &mut VecDeque<Bytes>,
+    syscalls: &mut u64,
+) -> io::Result<()> {
     while !batch.is_empty() {
         let n = poll_fn(|cx| poll_write_some(shared, batch, cx)).await?;
-        shared.stats.syscalls.fetch_add(1, Ordering::Relaxed);
+        *syscalls += 1;
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
@@ -928,7 +936,7 @@ mod tests {
             s.await.unwrap();
         }
         let stats = writer.stats();
-        assert_eq!(stats.frames.load(Ordering::Relaxed), 100);
+        assert_eq!(stats.frames, 100);
         drop(writer);
         assert!(
             r.next().await.unwrap().is_none(),
@@ -1015,7 +1023,7 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
-        assert_eq!(writer.stats().direct.load(Ordering::Relaxed), 10);
+        assert_eq!(writer.stats().direct, 10);
     }
 
     /// A peer that stops reading fills the queue; senders then wait instead of
