@@ -208,7 +208,7 @@ impl Inner {
     pub fn remove_function(&self, name: &str) -> Result<(), BrokerError> {
         write(&self.functions)
             .remove(name)
-            .map(|_| ())
+            .map(|f| f.retire())
             .ok_or_else(|| {
                 BrokerError::new(
                     ResponseStatus::FunctionNotFound,
@@ -263,10 +263,10 @@ impl Inner {
                 format!("function {name:?} already exists"),
             ));
         }
-        fs.insert(
-            name.to_owned(),
-            Arc::new(Function::local(name.to_owned(), handler)),
-        );
+        let new = Arc::new(Function::local(name.to_owned(), handler));
+        if let Some(unserved) = fs.insert(name.to_owned(), new) {
+            unserved.retire();
+        }
         Ok(())
     }
 }

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::FutureExt as _;
@@ -104,6 +104,9 @@ pub(crate) struct Function {
     next: AtomicUsize,
     calls: AtomicU64,
     errors: AtomicU64,
+    /// Set once the function has left the broker's table (removed, or
+    /// replaced): a session that kept it to skip the lookup looks again.
+    retired: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -119,7 +122,19 @@ impl Function {
             next: AtomicUsize::new(0),
             calls: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            retired: AtomicBool::new(false),
         }
+    }
+
+    /// Marks the function as no longer in the broker's table; called by
+    /// whoever takes it out.
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+    }
+
+    /// Whether the function has left the broker's table.
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
     }
 
     /// A function served by a handler inside the broker process.

@@ -272,6 +272,26 @@ struct Session {
     identity: Identity,
     inflight: Arc<Semaphore>,
     owned: Owned,
+    /// The function this connection called last: a client calling one
+    /// function in a loop skips the table's lock, hash and reference count.
+    last_function: Option<Arc<Function>>,
+}
+
+/// The function named `name`: `last` if it is that one and still in the
+/// table, else looked up (and kept in `last`).
+fn function<'a>(
+    inner: &Inner,
+    last: &'a mut Option<Arc<Function>>,
+    name: Option<&str>,
+) -> Result<&'a Arc<Function>, BrokerError> {
+    let hit = matches!((&*last, name), (Some(f), Some(n)) if f.name == n && !f.is_retired());
+    if !hit {
+        *last = None;
+    }
+    match last {
+        Some(f) => Ok(f),
+        None => Ok(last.insert(inner.function(check_name(name)?)?)),
+    }
 }
 
 /// Serves one connection until it closes or the broker shuts down; its
@@ -311,6 +331,7 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Connection, wait: WaitStrategy)
             identity: Identity::anonymous(),
             inflight: shared.inflight.clone(),
             owned: Owned::default(),
+            last_function: None,
         };
         session.serve(&mut reader).await;
         session.close().await;
@@ -736,7 +757,11 @@ impl Session {
 
     async fn call(&mut self, m: Message) {
         let to = ReplyTo::of(&m);
-        let f = match check_name(m.destination.as_deref()).and_then(|n| self.inner.function(n)) {
+        let f = match function(
+            &self.inner,
+            &mut self.last_function,
+            m.destination.as_deref(),
+        ) {
             Ok(f) => f,
             Err(e) => {
                 self.shared.answer(&to, Err(e)).await;
@@ -761,6 +786,7 @@ impl Session {
             }
             Inline::NotInline(m) => m,
         };
+        let f = f.clone();
         let timeout = m.timeout.filter(|t| !t.is_zero());
         self.spawn(to, async move {
             let call = f.call(m);
@@ -950,7 +976,9 @@ impl Session {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(f) = fs.get(name) {
             if f.remove_workers(self.shared.id, registration) == 0 && f.is_unserved() {
-                fs.remove(name);
+                if let Some(f) = fs.remove(name) {
+                    f.retire();
+                }
             }
         }
         self.owned

@@ -21,6 +21,7 @@ crate::transport_tests! {
     handler_error_is_reported_and_the_broker_keeps_serving,
     handler_panic_is_reported_and_the_broker_keeps_serving,
     unknown_function,
+    a_replaced_function_serves_the_next_call,
     pipelined_calls_each_get_their_own_answer,
     remote_worker_serves_calls,
     two_workers_share_calls_round_robin,
@@ -295,6 +296,31 @@ async fn unknown_function(h: &Harness) {
         step(c.send("echo", Message::plain_text("x"))).await,
         ResponseStatus::FunctionNotFound,
     );
+}
+
+/// A connection keeps the function it called last; a function removed and
+/// created again under that name must still serve its next call.
+async fn a_replaced_function_serves_the_next_call(h: &Harness) {
+    let answer = |n: &'static str| move |_m: Message| Ok(Message::plain_text(n));
+    let c = h.client().await;
+    let call = || c.send("swap", Message::plain_text("?"));
+    h.broker.create_function("swap", answer("first")).unwrap();
+    assert_eq!(text(&step(call()).await.unwrap()), "first");
+    h.broker.remove_function("swap").unwrap();
+    h.broker.create_function("swap", answer("second")).unwrap();
+    assert_eq!(text(&step(call()).await.unwrap()), "second");
+
+    // From a local function to a worker, and back.
+    h.broker.remove_function("swap").unwrap();
+    let worker_client = h.client().await;
+    let worker = step(worker_client.serve("swap", answer("worker")))
+        .await
+        .unwrap();
+    assert_eq!(text(&step(call()).await.unwrap()), "worker");
+    step(worker.stop()).await.unwrap();
+    assert_status(step(call()).await, ResponseStatus::FunctionNotFound);
+    h.broker.create_function("swap", answer("third")).unwrap();
+    assert_eq!(text(&step(call()).await.unwrap()), "third");
 }
 
 async fn pipelined_calls_each_get_their_own_answer(h: &Harness) {
