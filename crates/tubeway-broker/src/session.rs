@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -93,6 +93,9 @@ pub(crate) struct SessionShared {
     worker_calls: Mutex<HashMap<Uuid, oneshot::Sender<Message>>>,
     /// Cancelled when the peer is gone: waiting requests stop at once.
     gone: CancellationToken,
+    /// Set with `gone`: what every send checks (a look at the token takes
+    /// a lock).
+    is_gone: AtomicBool,
     /// Requests of this connection running on tasks of their own.
     inflight: Arc<Semaphore>,
     /// Polls and offers of this connection that wait, by request id, for
@@ -109,6 +112,12 @@ struct Waiting {
 }
 
 impl SessionShared {
+    /// The peer is gone: sends fail, waiting requests stop.
+    fn set_gone(&self) {
+        self.is_gone.store(true, Ordering::Release);
+        self.gone.cancel();
+    }
+
     fn waiting(self: &Arc<Self>, id: Uuid) -> Waiting {
         let token = CancellationToken::new();
         lock(&self.waiting).insert(id, token.clone());
@@ -139,7 +148,7 @@ impl SessionShared {
 
     /// Sends `msg`, written with whatever else is queued when `batch`.
     pub async fn send_as(&self, msg: &Message, batch: bool) -> bool {
-        if self.gone.is_cancelled() {
+        if self.is_gone.load(Ordering::Acquire) {
             return false;
         }
         let max = self.inner.config.max_message_size;
@@ -315,6 +324,7 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Connection, wait: WaitStrategy)
         writer,
         worker_calls: Mutex::default(),
         gone: CancellationToken::new(),
+        is_gone: AtomicBool::new(false),
         inflight: Arc::new(Semaphore::new(inner.config.max_in_flight_per_connection)),
         waiting: Mutex::default(),
     });
@@ -336,7 +346,7 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Connection, wait: WaitStrategy)
         session.serve(&mut reader).await;
         session.close().await;
     }
-    shared.gone.cancel();
+    shared.set_gone();
     shared.writer.close();
     drop(shared);
     drop(reader);
@@ -997,7 +1007,7 @@ impl Session {
             )
             .await;
         }
-        self.shared.gone.cancel();
+        self.shared.set_gone();
         for q in std::mem::take(&mut self.owned.temporary_queues) {
             let _ = self.inner.remove_queue(&q);
         }
