@@ -75,6 +75,8 @@ pub struct FrameReader {
     /// A large frame being read into a pooled buffer, and its length. Kept
     /// here, not in the future, so that `next` stays cancel-safe.
     recycling: Option<(Vec<u8>, usize)>,
+    /// The last poll of `next` was pending with its task already woken.
+    woke_itself: bool,
 }
 
 impl FrameReader {
@@ -89,6 +91,7 @@ impl FrameReader {
             spin: Spin::default(),
             pool: None,
             recycling: None,
+            woke_itself: false,
         }
     }
 
@@ -110,6 +113,14 @@ impl FrameReader {
     /// giving the runtime a turn (which costs a look at its reactor).
     pub fn skip_yield(&mut self) {
         self.spin.yielded = true;
+    }
+
+    /// Whether the last poll of [`next`](Self::next) was pending only to
+    /// give the runtime a turn (a spinning reader does, now and then): its
+    /// task is already woken and polls it again at once, so whatever else
+    /// the task waits for need not be polled for a wake-up.
+    pub fn woke_itself(&self) -> bool {
+        self.woke_itself
     }
 
     /// Whether bytes of a next frame are already read: more frames follow
@@ -177,6 +188,7 @@ impl FrameReader {
     /// Cancel-safe: what is read stays in `recycling`.
     async fn read_recycled(&mut self) -> Result<Decoded, ReadError> {
         let (reader, recycling) = (&mut self.reader, &mut self.recycling);
+        self.woke_itself = false;
         loop {
             let Some((frame, len)) = recycling.as_mut() else {
                 return Err(io::Error::other("no frame being read").into());
@@ -202,6 +214,7 @@ impl FrameReader {
 
     /// Reads more bytes into the buffer, waiting by the strategy.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        self.woke_itself = false;
         if !self.wait.spins() || self.spin.parked {
             let r = ready!(self.reader.poll_read_buf(cx, &mut self.buf));
             self.spin = Spin::default();
@@ -214,8 +227,7 @@ impl FrameReader {
             // Tasks woken by the last frame (on this thread) run before this
             // reader spins.
             self.spin.yielded = true;
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
+            return self.yield_now(cx);
         }
         // The clock is first read at the first check, not on entry: most
         // waits end before it, and the budget is tens of microseconds.
@@ -247,8 +259,7 @@ impl FrameReader {
             }
             if now >= *slice_end {
                 self.spin.yielded = false;
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
+                return self.yield_now(cx);
             }
         }
         // The budget is spent.
@@ -257,6 +268,13 @@ impl FrameReader {
             return self.poll_fill(cx);
         }
         std::thread::yield_now();
+        self.yield_now(cx)
+    }
+
+    /// Pending, with the task woken: the runtime gets a turn, then polls
+    /// this reader again.
+    fn yield_now<T>(&mut self, cx: &mut Context<'_>) -> Poll<T> {
+        self.woke_itself = true;
         cx.waker().wake_by_ref();
         Poll::Pending
     }

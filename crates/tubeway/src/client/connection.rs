@@ -11,6 +11,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -247,12 +248,24 @@ async fn read_loop(conn: Arc<Conn>, mut frames: FrameReader) {
         if conn.stopping.load(Ordering::Acquire) {
             return;
         }
-        // The token is looked at only when no frame is ready.
-        let next = tokio::select! {
-            biased;
-            r = frames.next() => r,
-            () = &mut stopped => return,
-        };
+        // The token (whose every look takes locks) is looked at only when
+        // no frame is ready and the reader waits to be woken: a spinning
+        // reader gives the runtime a turn after each frame, and the flag
+        // does then. `next` is cancel-safe, so one per poll is fine.
+        let next = std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = std::pin::pin!(frames.next()).poll(cx) {
+                return Poll::Ready(Some(r));
+            }
+            if frames.woke_itself() {
+                if conn.stopping.load(Ordering::Acquire) {
+                    return Poll::Ready(None);
+                }
+                return Poll::Pending;
+            }
+            stopped.as_mut().poll(cx).map(|()| None)
+        })
+        .await;
+        let Some(next) = next else { return };
         match next {
             Ok(Some(Decoded::Message(m))) => {
                 // The common case, a response to a waiting call, without a future.

@@ -911,6 +911,35 @@ async fn a_client_on_a_multi_thread_runtime_waits_as_asked() {
     assert_eq!(plain.wait_strategy(), tubeway_transport::WaitStrategy::PARK);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spinning_reader_stops_when_the_client_closes() {
+    let spin = ClientOptions {
+        wait: Some(tubeway_transport::WaitStrategy::BusySpin),
+        ..ClientOptions::default()
+    };
+    let (client, mut peer) = pair_with(spin, 1 << 20).await;
+    // A call answered: the reader has read a frame and spins for the next.
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move { client.send("f", Message::plain_text("x")).await }
+    });
+    let req = peer.recv().await;
+    peer.answer(&req, ResponseStatus::Ok).await;
+    within(call).await.unwrap().unwrap();
+    // A spinning reader never sleeps; it must see the close between spins.
+    // The peer stays connected: its end of the stream tells nothing.
+    client.close().await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let peer_writer = 1;
+    within(async {
+        while metrics.num_alive_tasks() > peer_writer {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    drop(peer);
+}
+
 #[tokio::test]
 async fn a_started_call_is_a_small_future_without_the_message() {
     let (client, mut peer) = pair().await;
