@@ -211,8 +211,29 @@ fn put_str_field(
     Ok(())
 }
 
-/// Encodes `msg`, refusing frames larger than `max_frame` bytes.
+/// Encodes `msg`, refusing frames larger than `max_frame` bytes. The
+/// frame shares the message's payload.
 pub fn encode(msg: &Message, max_frame: usize) -> Result<EncodedFrame, EncodeError> {
+    let head = encode_head(msg, max_frame)?;
+    Ok(EncodedFrame {
+        head,
+        payload: msg.payload.clone(),
+    })
+}
+
+/// [`encode`], taking the message's payload instead of sharing it: for a
+/// sender done with the message. Sharing a payload made from a `Vec` costs
+/// an allocation (`Bytes` sets up its reference count on the first clone).
+pub fn encode_owned(msg: Message, max_frame: usize) -> Result<EncodedFrame, EncodeError> {
+    let head = encode_head(&msg, max_frame)?;
+    Ok(EncodedFrame {
+        head,
+        payload: msg.payload,
+    })
+}
+
+/// The prefix and header section of `msg`'s frame.
+fn encode_head(msg: &Message, max_frame: usize) -> Result<Bytes, EncodeError> {
     let mut head = BytesMut::with_capacity(PREFIX_LEN + FIXED_HEADER_LEN + 64);
     head.put_slice(&MAGIC);
     head.put_u8(crate::PROTOCOL_VERSION);
@@ -279,10 +300,7 @@ pub fn encode(msg: &Message, max_frame: usize) -> Result<EncodedFrame, EncodeErr
         prefix.put_u32_le(total as u32);
         prefix.put_u32_le(header_len);
     }
-    Ok(EncodedFrame {
-        head: head.freeze(),
-        payload: msg.payload.clone(),
-    })
+    Ok(head.freeze())
 }
 
 /// The fixed prefix of a frame.

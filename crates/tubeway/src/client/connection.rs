@@ -430,6 +430,11 @@ impl Conn {
         Ok(codec::encode(msg, self.max_send())?)
     }
 
+    /// [`encode`](Self::encode), taking the payload rather than sharing it.
+    pub(crate) fn encode_owned(&self, msg: Message) -> Result<EncodedFrame> {
+        Ok(codec::encode_owned(msg, self.max_send())?)
+    }
+
     /// The broker's maximum message size.
     pub(crate) fn max_send(&self) -> usize {
         self.max_send.load(Ordering::Relaxed)

@@ -232,7 +232,7 @@ impl AsyncClient {
         let (rx, pipelined) = conn.register_pending(&mut msg)?;
         // Removes the entry however this call ends: answered, timed out, or cancelled.
         let pending = PendingGuard { conn, id: msg.id };
-        let frame = conn.encode(&msg)?;
+        let frame = conn.encode_owned(msg)?;
         Ok(Started {
             pending,
             frame,
@@ -245,7 +245,7 @@ impl AsyncClient {
     pub async fn request_oneway(&self, mut msg: Message) -> Result<()> {
         msg.oneway = true;
         let conn = self.conn();
-        let frame = conn.encode(&msg)?;
+        let frame = conn.encode_owned(msg)?;
         tokio::time::timeout(self.inner.options.timeout, conn.send_frame(frame))
             .await
             .map_err(|_| Error::Timeout(self.inner.options.timeout))?
