@@ -649,6 +649,25 @@ mod tests {
     }
 
     #[test]
+    fn an_owned_encoding_is_the_same_frame_without_sharing() {
+        let m = sample();
+        let shared = encode(&m, 1 << 20).unwrap();
+        let owned = encode_owned(m.clone(), 1 << 20).unwrap();
+        assert_eq!(owned.to_vec(), shared.to_vec());
+        // The payload moved: the frame holds the same bytes, not a copy.
+        let payload_ptr = m.payload.as_ptr();
+        assert_eq!(
+            encode_owned(m, 1 << 20).unwrap().payload.as_ptr(),
+            payload_ptr
+        );
+        let big = Message::binary(vec![1u8; 64], None);
+        assert!(matches!(
+            encode_owned(big, 70),
+            Err(EncodeError::TooLarge { max: 70, .. })
+        ));
+    }
+
+    #[test]
     fn streaming_in_single_bytes() {
         let m = sample();
         let bytes = encode(&m, 1 << 20).unwrap().to_vec();
