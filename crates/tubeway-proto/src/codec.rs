@@ -649,17 +649,19 @@ mod tests {
     }
 
     #[test]
-    fn an_owned_encoding_is_the_same_frame_without_sharing() {
+    fn an_owned_encoding_is_the_same_frame_holding_the_payload_alone() {
         let m = sample();
         let shared = encode(&m, 1 << 20).unwrap();
         let owned = encode_owned(m.clone(), 1 << 20).unwrap();
         assert_eq!(owned.to_vec(), shared.to_vec());
-        // The payload moved: the frame holds the same bytes, not a copy.
+        // Sharing leaves two handles while the message lives; the owned
+        // frame holds the only one, to the same bytes.
+        let m = Message::binary(vec![1u8; 64], None);
         let payload_ptr = m.payload.as_ptr();
-        assert_eq!(
-            encode_owned(m, 1 << 20).unwrap().payload.as_ptr(),
-            payload_ptr
-        );
+        assert!(!encode(&m, 1 << 20).unwrap().payload.is_unique());
+        let owned = encode_owned(m, 1 << 20).unwrap();
+        assert!(owned.payload.is_unique());
+        assert_eq!(owned.payload.as_ptr(), payload_ptr, "moved, not copied");
         let big = Message::binary(vec![1u8; 64], None);
         assert!(matches!(
             encode_owned(big, 70),
