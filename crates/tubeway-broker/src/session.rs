@@ -525,7 +525,7 @@ impl Session {
                         self.shared.writer.cork();
                         corked = true;
                     }
-                    self.handle(m).await;
+                    self.handle(*m).await;
                     if !std::mem::take(&mut self.spawned) {
                         // Nothing here to run first: spin for the next one at once.
                         reader.skip_yield();
@@ -595,7 +595,7 @@ impl Session {
             match item {
                 Ok(Some(Decoded::Message(m))) if m.r#type == MessageType::Response => {
                     Counters::inc(&self.inner.counters.messages_in);
-                    self.shared.worker_answered(m);
+                    self.shared.worker_answered(*m);
                 }
                 Ok(Some(Decoded::Message(m))) => {
                     Counters::inc(&self.inner.counters.messages_in);

@@ -192,7 +192,7 @@ impl EncodedFrame {
 }
 
 fn put_str_field(
-    buf: &mut BytesMut,
+    buf: &mut Vec<u8>,
     t: u8,
     field: &'static str,
     v: &Option<String>,
@@ -234,7 +234,9 @@ pub fn encode_owned(msg: Message, max_frame: usize) -> Result<EncodedFrame, Enco
 
 /// The prefix and header section of `msg`'s frame.
 fn encode_head(msg: &Message, max_frame: usize) -> Result<Bytes, EncodeError> {
-    let mut head = BytesMut::with_capacity(PREFIX_LEN + FIXED_HEADER_LEN + 64);
+    // Exactly the size: a `Bytes` made of a full `Vec` needs no second
+    // allocation for a reference count, nor an atomic update to drop.
+    let mut head = Vec::with_capacity(head_len(msg));
     head.put_slice(&MAGIC);
     head.put_u8(crate::PROTOCOL_VERSION);
     head.put_u8(0);
@@ -300,7 +302,25 @@ fn encode_head(msg: &Message, max_frame: usize) -> Result<Bytes, EncodeError> {
         prefix.put_u32_le(total as u32);
         prefix.put_u32_le(header_len);
     }
-    Ok(head.freeze())
+    debug_assert_eq!(head.len(), head.capacity());
+    Ok(Bytes::from(head))
+}
+
+/// The length of `msg`'s prefix and header section.
+fn head_len(msg: &Message) -> usize {
+    let fixed = |present: bool, len: usize| if present { 3 + len } else { 0 };
+    let text = |v: &Option<String>| v.as_ref().map_or(0, |s| 3 + s.len());
+    PREFIX_LEN
+        + FIXED_HEADER_LEN
+        + fixed(msg.expires_at.is_some(), 8)
+        + fixed(msg.timeout.is_some(), 8)
+        + fixed(msg.correlation_id.is_some(), 16)
+        + text(&msg.request_id)
+        + text(&msg.subject)
+        + text(&msg.destination)
+        + text(&msg.reply_to)
+        + text(&msg.payload_mimetype)
+        + text(&msg.payload_charset)
 }
 
 /// The fixed prefix of a frame.
@@ -350,17 +370,29 @@ pub fn decode_prefix(mut buf: &[u8]) -> Result<Prefix, DecodeError> {
 
 /// Decodes one complete frame. The payload is a slice of `frame`, not a copy.
 pub fn decode(frame: Bytes) -> Result<Message, DecodeError> {
-    let prefix = decode_prefix(&frame)?;
+    // The header is read in place; only the payload becomes a new handle on
+    // the frame (each one costs an atomic increment and decrement).
+    decode_with(&frame, |at| frame.slice(at..))
+}
+
+/// [`decode`] of a frame that is borrowed: the payload is copied out.
+pub fn decode_copied(frame: &[u8]) -> Result<Message, DecodeError> {
+    decode_with(frame, |at| {
+        Bytes::copy_from_slice(frame.get(at..).unwrap_or_default())
+    })
+}
+
+/// Decodes `frame`, whose payload (from the offset given) `payload` makes.
+fn decode_with(frame: &[u8], payload: impl FnOnce(usize) -> Bytes) -> Result<Message, DecodeError> {
+    let prefix = decode_prefix(frame)?;
     if frame.len() != prefix.frame_len as usize {
         return Err(DecodeError::Truncated("frame shorter than frame_len"));
     }
-    // The header is read in place; only the payload becomes a new handle on
-    // the frame (each one costs an atomic increment and decrement).
     let payload_at = PREFIX_LEN + prefix.header_len as usize;
     let header = frame
         .get(PREFIX_LEN..payload_at)
         .ok_or(DecodeError::Truncated("header"))?;
-    decode_header(header, frame.slice(payload_at..))
+    decode_header(header, payload(payload_at))
 }
 
 fn decode_header(mut h: &[u8], payload: Bytes) -> Result<Message, DecodeError> {
@@ -450,12 +482,18 @@ fn utf8(v: &[u8], field: &'static str) -> Result<String, DecodeError> {
         .map_err(|_| DecodeError::InvalidUtf8(field))
 }
 
+/// Frames up to this size leave the read buffer by a copy of their payload
+/// rather than as a slice of it: for a small payload an allocation and a
+/// short copy cost less than sharing the buffer (the atomic reference-count
+/// updates of the slice, and a buffer that is then never reused).
+const COPY_FRAME_MAX: usize = 1024;
+
 /// What the streaming [`Decoder`] produced.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Decoded {
     /// A complete, valid message.
-    Message(Message),
+    Message(Box<Message>),
     /// A well-delimited frame whose content is invalid. The stream continues;
     /// answer `bad_request` to `id` when it is known.
     Invalid {
@@ -591,7 +629,13 @@ impl Decoder {
                         buf.reserve(frame_len - buf.len());
                         return Ok(None);
                     }
-                    return Ok(Some(decode_frame(buf.split_to(frame_len).freeze())));
+                    if frame_len > COPY_FRAME_MAX {
+                        return Ok(Some(decode_frame(buf.split_to(frame_len).freeze())));
+                    }
+                    let frame = buf.get(..frame_len).unwrap_or_default();
+                    let decoded = decode_frame_copied(frame);
+                    buf.advance(frame_len);
+                    return Ok(Some(decoded));
                 }
             }
         }
@@ -602,8 +646,18 @@ impl Decoder {
 /// against the maximum): a message, or what is wrong with it.
 pub fn decode_frame(frame: Bytes) -> Decoded {
     let (id, type_code, _) = peek_fixed(&frame);
-    match decode(frame) {
-        Ok(m) => Decoded::Message(m),
+    decoded(decode(frame), id, type_code)
+}
+
+/// [`decode_frame`] of a borrowed frame: the payload is copied out.
+fn decode_frame_copied(frame: &[u8]) -> Decoded {
+    let (id, type_code, _) = peek_fixed(frame);
+    decoded(decode_copied(frame), id, type_code)
+}
+
+fn decoded(r: Result<Message, DecodeError>, id: Option<Uuid>, type_code: Option<u8>) -> Decoded {
+    match r {
+        Ok(m) => Decoded::Message(Box::new(m)),
         Err(error) => Decoded::Invalid {
             id,
             type_code,
@@ -683,7 +737,46 @@ mod tests {
             }
         }
         assert_eq!(out.len(), 2);
-        assert!(matches!(&out[0], Decoded::Message(x) if *x == m));
+        assert!(matches!(&out[0], Decoded::Message(x) if **x == m));
+    }
+
+    #[test]
+    fn a_small_payload_is_copied_out_and_a_large_one_shares_the_buffer() {
+        let small = Message::binary(vec![1u8; 64], None);
+        let large = Message::binary(vec![2u8; COPY_FRAME_MAX], None);
+        let mut bytes = encode(&small, 1 << 20).unwrap().to_vec();
+        bytes.extend(encode(&large, 1 << 20).unwrap().to_vec());
+        let mut buf = BytesMut::from(&bytes[..]);
+        let read = buf.as_ptr_range();
+        let mut d = Decoder::new(1 << 20);
+        let Some(Decoded::Message(got)) = d.decode(&mut buf).unwrap() else {
+            panic!("expected the small message");
+        };
+        assert_eq!(*got, small);
+        // Copied, so the read buffer stays unshared and is reused.
+        assert!(!read.contains(&got.payload.as_ptr()));
+        assert!(got.payload.is_unique());
+        let Some(Decoded::Message(got)) = d.decode(&mut buf).unwrap() else {
+            panic!("expected the large message");
+        };
+        assert_eq!(*got, large);
+        assert!(
+            read.contains(&got.payload.as_ptr()),
+            "a slice of the read bytes"
+        );
+    }
+
+    #[test]
+    fn a_head_is_encoded_into_exactly_its_size() {
+        // Every field present: a wrong size fails the encoder's own check.
+        let mut m = sample().with_reply_to("replies");
+        m.correlation_id = Some(Uuid::new_v4());
+        m.response_status = Some(ResponseStatus::Ok);
+        let f = encode(&m, 1 << 20).unwrap();
+        assert_eq!(f.head.len(), head_len(&m));
+        assert_eq!(decode(Bytes::from(f.to_vec())).unwrap(), m);
+        let bare = Message::new(MessageType::Ping);
+        assert_eq!(encode(&bare, 1 << 20).unwrap().head.len(), MIN_FRAME_LEN);
     }
 
     #[test]
@@ -699,7 +792,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         match d.decode(&mut buf).unwrap().unwrap() {
-            Decoded::Message(m) => assert_eq!(m, small),
+            Decoded::Message(m) => assert_eq!(*m, small),
             other => panic!("{other:?}"),
         }
     }

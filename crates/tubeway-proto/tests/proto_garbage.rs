@@ -410,7 +410,7 @@ fn absurd_lengths_reserve_nothing() {
             let ping = Message::new(tubeway_proto::MessageType::Ping);
             buf.extend_from_slice(&codec::encode(&ping, MAX_FRAME).unwrap().to_vec());
             match d.decode(&mut buf) {
-                Ok(Some(Decoded::Message(m))) => assert_eq!(m, ping),
+                Ok(Some(Decoded::Message(m))) => assert_eq!(*m, ping),
                 other => panic!("{other:?}"),
             }
         }

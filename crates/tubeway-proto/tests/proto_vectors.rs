@@ -172,7 +172,9 @@ fn valid_vectors_decode_and_reencode() {
         assert_eq!(items.len(), 2, "{label}: streaming produced {items:?}");
         for item in items {
             match item {
-                Decoded::Message(m) => assert_eq!(m, expected, "{label}: streamed message differs"),
+                Decoded::Message(m) => {
+                    assert_eq!(*m, expected, "{label}: streamed message differs")
+                }
                 other => panic!("{label}: streaming produced {other:?}"),
             }
         }

@@ -153,9 +153,10 @@ impl FrameReader {
             }
             // `wanted` is bounded by the maximum frame size, so a hostile length
             // never makes us reserve more than that. The buffer is only
-            // grown when what is left of it is too small: each decoded
-            // payload keeps a slice of it alive, so growing it whenever it
-            // is not a whole chunk would cost an allocation per message.
+            // grown when what is left of it is too small: a decoded payload
+            // that is not copied out keeps a slice of it alive, so growing it
+            // whenever it is not a whole chunk would cost an allocation per
+            // message.
             let wanted = self.decoder.wanted(&self.buf);
             if self.buf.capacity() - self.buf.len() < wanted.max(MIN_READ) {
                 self.buf.reserve(wanted.max(READ_CHUNK));
@@ -541,7 +542,15 @@ impl FrameWriter {
 
     /// Sends a frame only if that needs no waiting: false when the queue is full.
     pub fn try_send(&self, frame: EncodedFrame) -> Result<bool, WriteError> {
-        Ok(self.handle.shared.admit(frame, false)?.is_none())
+        Ok(self.try_send_or_return(frame)?.is_none())
+    }
+
+    /// [`try_send`](Self::try_send), giving the frame back when the queue is full.
+    pub fn try_send_or_return(
+        &self,
+        frame: EncodedFrame,
+    ) -> Result<Option<EncodedFrame>, WriteError> {
+        self.handle.shared.admit(frame, false)
     }
 
     /// Holds frames back until [`uncork`](FrameWriter::uncork): for a
@@ -1144,7 +1153,7 @@ mod tests {
         r.recycle_large_frames(pool.clone());
         async fn next(r: &mut FrameReader) -> Message {
             match r.next().await.unwrap() {
-                Some(Decoded::Message(m)) => m,
+                Some(Decoded::Message(m)) => *m,
                 other => panic!("{other:?}"),
             }
         }

@@ -601,7 +601,7 @@ impl Raw {
 
     async fn recv(&mut self) -> Message {
         match step(self.frames.next()).await {
-            Ok(Some(Decoded::Message(m))) => m,
+            Ok(Some(Decoded::Message(m))) => *m,
             other => panic!("expected a message, got {other:?}"),
         }
     }

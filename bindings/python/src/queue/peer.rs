@@ -62,7 +62,7 @@ impl PeerReader {
     async fn next_object(&mut self) -> Result<Received, String> {
         loop {
             let msg = match self.frames.next().await {
-                Ok(Some(Decoded::Message(msg))) => msg,
+                Ok(Some(Decoded::Message(msg))) => *msg,
                 Ok(Some(other)) => return Err(format!("peer sent an invalid frame: {other:?}")),
                 Ok(None) => return Err("the peer closed the connection".to_owned()),
                 Err(e) => return Err(format!("the connection failed: {e}")),

@@ -6,9 +6,12 @@
 //! sleeps in the kernel (or spins, by [`ClientOptions::wait`]) until the
 //! response is readable, reads it and returns, so a round trip costs what a
 //! hand-written ping-pong costs: no hand-off to an I/O thread, no second
-//! wake-up, no task switch. A response that arrives while the reader spins
-//! is taken without entering the runtime's scheduler or arming a timer;
-//! only a wait that outlasts the spin runs on the runtime. While several
+//! wake-up, no task switch. A call with no other in flight is not even
+//! registered for its answer: its thread writes it and reads the answer
+//! itself while the reader spins, and registers it only if the spin ends
+//! first. A response that arrives while the reader spins is taken without
+//! entering the runtime's scheduler or arming a timer; only a wait that
+//! outlasts the spin runs on the runtime. While several
 //! threads call at once, the one holding the reader reads for all and wakes
 //! the others as their responses arrive; when it is done, another takes
 //! over. While something must be served with nobody calling (a [`Worker`],
@@ -35,8 +38,8 @@ use tubeway_proto::{ops, Message};
 use tubeway_transport::Url;
 use uuid::Uuid;
 
-use super::connection::{Conn, Reader};
-use super::{function_call, ok_response, AsyncClient, ClientOptions, HandlerError};
+use super::connection::{poll_queue, Conn, Reader};
+use super::{function_call, ok_response, AsyncClient, ClientOptions, HandlerError, Started};
 use crate::{Error, Result};
 
 /// How long dropping the last handle of a client may wait for what it
@@ -91,8 +94,9 @@ fn may_block() -> bool {
 struct Driver {
     rt: Option<Runtime>,
     background: Mutex<Background>,
-    /// The connection's reader while nobody runs it.
-    reader: Mutex<Option<Reader>>,
+    /// The connection's reader while nobody runs it (boxed: it changes
+    /// hands on every call).
+    reader: Mutex<Option<Box<Reader>>>,
     /// Signalled when the reader is put back.
     reader_free: Notify,
     conn: OnceLock<Arc<Conn>>,
@@ -121,19 +125,31 @@ impl std::fmt::Debug for Driver {
 /// The reader, held by whoever runs it; put back for the next when dropped.
 struct Held<'a> {
     driver: &'a Driver,
-    reader: Option<Reader>,
+    reader: Option<Box<Reader>>,
 }
 
 impl Held<'_> {
     /// Polls the reader; false once it has ended (the connection closed).
     fn poll(&mut self, cx: &mut Context<'_>) -> bool {
-        match self.reader.as_mut().map(|r| r.as_mut().poll(cx)) {
-            Some(Poll::Pending) => true,
-            _ => {
-                self.reader = None;
-                false
-            }
+        self.poll_for(cx, None).is_pending()
+    }
+
+    /// Polls the reader for the response to `id`, a call that is not
+    /// registered (see [`Reader::poll_read`]): `None` once the connection
+    /// has ended.
+    fn poll_answer(&mut self, cx: &mut Context<'_>, id: Uuid) -> Poll<Option<Box<Message>>> {
+        self.poll_for(cx, Some(id))
+    }
+
+    fn poll_for(&mut self, cx: &mut Context<'_>, id: Option<Uuid>) -> Poll<Option<Box<Message>>> {
+        let Some(reader) = self.reader.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let read = reader.poll_read(cx, id);
+        if let Poll::Ready(None) = read {
+            self.reader = None;
         }
+        read
     }
 }
 
@@ -144,6 +160,14 @@ impl Drop for Held<'_> {
             self.driver.reader_free.notify_one();
         }
     }
+}
+
+/// How [`Driver::call`] left a call.
+enum Call<'a> {
+    /// Its answer, read by the caller's thread.
+    Answered(Box<Message>),
+    /// Registered; what is left to drive.
+    Waiting(Started<'a>),
 }
 
 /// The background driver, running while anything needs serving.
@@ -174,7 +198,7 @@ impl Driver {
         }))
     }
 
-    fn lock_reader(&self) -> std::sync::MutexGuard<'_, Option<Reader>> {
+    fn lock_reader(&self) -> std::sync::MutexGuard<'_, Option<Box<Reader>>> {
         self.reader.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -195,28 +219,33 @@ impl Driver {
     /// Runs `f` to completion on this thread, running the connection's
     /// reader meanwhile whenever nobody else does.
     fn block_on<F: Future>(&self, f: F) -> F::Output {
-        match self.block_on_until(f, None) {
+        match self.block_on_within(f, None) {
             Some(v) => v,
-            None => unreachable!("a wait without a deadline ended without its output"),
+            None => unreachable!("a wait without a timeout ended without its output"),
         }
     }
 
-    /// [`block_on`](Self::block_on), giving up at `deadline`.
-    fn block_on_until<F: Future>(&self, f: F, deadline: Option<Instant>) -> Option<F::Output> {
+    /// [`block_on`](Self::block_on), giving up once `timeout` has passed.
+    fn block_on_within<F: Future>(&self, f: F, timeout: Option<Duration>) -> Option<F::Output> {
         // A large future goes on the heap once, not copied again by every
         // layer below; a small one (a started call's) is not worth an
         // allocation.
         if std::mem::size_of::<F>() > INLINE_FUTURE {
-            self.run(Box::pin(f).as_mut(), deadline)
+            self.run(Box::pin(f).as_mut(), timeout)
         } else {
-            self.run(std::pin::pin!(f), deadline)
+            self.run(std::pin::pin!(f), timeout)
         }
     }
 
-    fn run<F: Future>(&self, mut f: Pin<&mut F>, deadline: Option<Instant>) -> Option<F::Output> {
+    fn run<F: Future>(&self, mut f: Pin<&mut F>, timeout: Option<Duration>) -> Option<F::Output> {
         if let Some(v) = self.spin_on(f.as_mut()) {
             return Some(v);
         }
+        // The clock is read only now, for a wait that outlasts the spin: the
+        // timeout then runs late by that spin (at most one slice of it,
+        // 200 µs), which the timer's resolution (1 ms) would hide anyway.
+        // A timeout too long for the clock is as good as none.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         self.drive(f, deadline)
     }
 
@@ -254,6 +283,45 @@ impl Driver {
             }
         }
         None
+    }
+
+    /// Starts a call from the thread that will wait for it. When nobody else
+    /// reads and no other call is in flight, writes it and reads its answer
+    /// right here, while the reader spins: no registration, no channel, no
+    /// wake-up. Otherwise, or once the spin is over without the answer, the
+    /// call is registered and waits as any other does.
+    fn call<'a>(&self, client: &'a AsyncClient, msg: Message) -> Result<Call<'a>> {
+        let conn = client.conn();
+        let Some(mut held) = self.take_reader() else {
+            return client.start(msg).map(Call::Waiting);
+        };
+        if !conn.begin_unregistered(&msg)? {
+            drop(held);
+            return client.start(msg).map(Call::Waiting);
+        }
+        let (id, poll_queue) = (msg.id, poll_queue(&msg));
+        let frame = conn.encode_owned(msg)?;
+        // The runtime's context, for what routing other messages starts.
+        let _context = self.rt().enter();
+        let unsent = conn.try_send_or_return(frame)?;
+        // Unless the frame waits for the writer's task, which only the
+        // runtime runs.
+        if unsent.is_none() && !self.write_backlog() {
+            let mut cx = Context::from_waker(&self.spinning);
+            // Twice, for a reader that yields once before it spins.
+            for _ in 0..2 {
+                match held.poll_answer(&mut cx, id) {
+                    Poll::Ready(Some(answer)) => return Ok(Call::Answered(answer)),
+                    Poll::Ready(None) => return Err(conn.closed_error()),
+                    Poll::Pending => {}
+                }
+            }
+        }
+        // Registered before the reader is put back: its answer has not been
+        // read, so whoever reads next routes it to the call.
+        let started = client.started_unregistered(id, poll_queue, unsent)?;
+        drop(held);
+        Ok(Call::Waiting(started))
     }
 
     /// Runs `f` on the runtime until it is done or `deadline` passes.
@@ -459,10 +527,7 @@ impl Exec {
         self.check()?;
         let timed_out = Error::Timeout(timeout);
         match self {
-            // A timeout too long for the clock is as good as none.
-            Exec::Own(d) => d
-                .block_on_until(f, Instant::now().checked_add(timeout))
-                .ok_or(timed_out),
+            Exec::Own(d) => d.block_on_within(f, Some(timeout)).ok_or(timed_out),
             Exec::Shared => shared_runtime()?
                 .handle()
                 .block_on(async { tokio::time::timeout(timeout, f).await })
@@ -515,7 +580,7 @@ impl Client {
         let driver = Driver::new()?;
         let exec = Exec::Own(driver.clone());
         let (inner, reader) = exec.block_on(AsyncClient::connect_parts(url, options, true))??;
-        *driver.lock_reader() = Some(reader);
+        *driver.lock_reader() = Some(Box::new(reader));
         let _ = driver.conn.set(inner.conn_arc());
         Ok(Client { inner, exec })
     }
@@ -582,8 +647,15 @@ impl Client {
         // Started before blocking, so that only a small future is driven:
         // the message never enters it.
         self.exec.check()?;
-        let started = self.inner.start(msg)?;
-        self.exec.block_on_timeout(started.exchange(), timeout)?
+        let started = match &self.exec {
+            Exec::Own(d) => match d.call(&self.inner, msg)? {
+                Call::Answered(m) => return Ok(*m),
+                Call::Waiting(started) => started,
+            },
+            Exec::Shared => self.inner.start(msg)?,
+        };
+        let r = self.exec.block_on_timeout(started.exchange(), timeout);
+        Ok(*r??)
     }
 
     /// Sends any message with `oneway` set.

@@ -3,7 +3,10 @@
 //!
 //! The reader is a future ([`Reader`]): the async client spawns it as a
 //! task; the blocking client lets the thread that waits for an answer poll
-//! it, so the answer is read on the thread that wants it.
+//! it, so the answer is read on the thread that wants it. A blocking call
+//! with no other in flight asks the reader for its own answer
+//! ([`Reader::poll_read`]), which then needs no registration, no channel
+//! and no wake-up.
 
 use std::collections::hash_map::{Entry, HashMap};
 use std::future::Future;
@@ -11,12 +14,12 @@ use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::task::Poll;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tubeway_proto::{
     codec, ops, Decoded, EncodedFrame, Message, MessageType, ResponseStatus, MIME_TEXT,
 };
@@ -61,6 +64,11 @@ struct State {
     /// Polls their caller gave up on, by id, with their queue: a message the
     /// broker took for one before it learnt is offered back, not lost.
     abandoned: HashMap<Uuid, String>,
+    /// The id of the last call made without registering (see
+    /// [`Conn::begin_unregistered`]): a call starting meanwhile must not
+    /// take it. Left behind once that call ends; it then costs at most a
+    /// fresh id for a message sent again.
+    unregistered: Option<Uuid>,
 }
 
 impl State {
@@ -75,7 +83,7 @@ impl State {
 
 /// A call waiting for its response.
 struct Waiter {
-    tx: oneshot::Sender<Message>,
+    tx: oneshot::Sender<Box<Message>>,
     /// The queue, for a poll: its message must not be lost if the caller
     /// is gone when it arrives.
     poll_queue: Option<String>,
@@ -100,7 +108,20 @@ impl std::fmt::Debug for Conn {
 
 /// The connection's reader: reads and routes every incoming message until
 /// the connection closes. Someone must poll it (see the module doc).
-pub(crate) type Reader = Pin<Box<dyn Future<Output = ()> + Send>>;
+pub(crate) struct Reader {
+    conn: Arc<Conn>,
+    frames: FrameReader,
+    /// Completes on close.
+    stopped: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// What routing the last message still waits for (a full subscription,
+    /// an answer to write); finished before the next frame is read.
+    routing: Option<Routing>,
+    /// The connection has ended.
+    ended: bool,
+}
+
+/// Routing that must wait.
+type Routing = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// What a successful [`establish`] returns.
 pub(crate) struct Established {
@@ -187,7 +208,7 @@ pub(crate) async fn establish(
         Ordering::Relaxed,
     );
 
-    let reader = Box::pin(read_loop(conn.clone(), frames));
+    let reader = Reader::new(conn.clone(), frames);
     Ok(Established {
         conn,
         writer,
@@ -238,80 +259,92 @@ async fn write_loop(flusher: impl std::future::Future<Output = io::Result<()>>, 
     }
 }
 
-async fn read_loop(conn: Arc<Conn>, mut frames: FrameReader) {
-    // Made once: a fresh `cancelled()` per frame would register and
-    // deregister a waiter every time.
-    let stop = conn.stop.clone();
-    let stopped = stop.cancelled();
-    tokio::pin!(stopped);
-    let reason = loop {
-        if conn.stopping.load(Ordering::Acquire) {
-            return;
+impl Reader {
+    fn new(conn: Arc<Conn>, frames: FrameReader) -> Reader {
+        // Made once: a fresh `cancelled()` per frame would register and
+        // deregister a waiter every time.
+        let stopped = Box::pin(conn.stop.clone().cancelled_owned());
+        Reader {
+            conn,
+            frames,
+            stopped,
+            routing: None,
+            ended: false,
         }
-        // The token (whose every look takes locks) is looked at only when
-        // no frame is ready and the reader waits to be woken: a spinning
-        // reader gives the runtime a turn after each frame, and the flag
-        // does then. `next` is cancel-safe, so one per poll is fine.
-        let next = std::future::poll_fn(|cx| {
-            if let Poll::Ready(r) = std::pin::pin!(frames.next()).poll(cx) {
-                return Poll::Ready(Some(r));
+    }
+
+    /// Reads and routes what arrives until the connection ends (`None`)
+    /// or, when `answer_to` names a call nobody registered for (its caller
+    /// polls this reader itself), until its response arrives, which is
+    /// returned instead of routed.
+    pub(crate) fn poll_read(
+        &mut self,
+        cx: &mut Context<'_>,
+        answer_to: Option<Uuid>,
+    ) -> Poll<Option<Box<Message>>> {
+        loop {
+            if self.ended {
+                return Poll::Ready(None);
             }
-            if frames.woke_itself() {
-                if conn.stopping.load(Ordering::Acquire) {
-                    return Poll::Ready(None);
+            if let Some(routing) = self.routing.as_mut() {
+                ready!(routing.as_mut().poll(cx));
+                self.routing = None;
+            }
+            if self.conn.stopping.load(Ordering::Acquire) {
+                self.ended = true;
+                continue;
+            }
+            let polled = std::pin::pin!(self.frames.next()).poll(cx);
+            let next = match polled {
+                Poll::Ready(next) => next,
+                // The token (whose every look takes locks) is looked at
+                // only when the reader waits to be woken: a spinning reader
+                // gives the runtime a turn after each frame, and the flag
+                // does then. `next` is cancel-safe, so one per poll is fine.
+                Poll::Pending if self.frames.woke_itself() => return Poll::Pending,
+                Poll::Pending => {
+                    ready!(self.stopped.as_mut().poll(cx));
+                    self.ended = true;
+                    continue;
                 }
-                return Poll::Pending;
-            }
-            stopped.as_mut().poll(cx).map(|()| None)
-        })
-        .await;
-        let Some(next) = next else { return };
-        match next {
-            Ok(Some(Decoded::Message(m))) => {
-                // The common case, a response to a waiting call, without a future.
-                if let Some(m) = conn.answer_waiting_call(m) {
-                    conn.route(m).await;
+            };
+            let m = match next {
+                Ok(Some(Decoded::Message(m))) => m,
+                Ok(Some(other)) => {
+                    self.routing = self.conn.skipped(other);
+                    continue;
                 }
+                Ok(None) => return Poll::Ready(self.end("the broker closed the connection")),
+                Err(e) => return Poll::Ready(self.end(&e.to_string())),
+            };
+            if answer_to.is_some()
+                && m.correlation_id == answer_to
+                && m.r#type == MessageType::Response
+            {
+                return Poll::Ready(Some(m));
             }
-            Ok(Some(Decoded::TooLarge {
-                id,
-                type_code,
-                oneway,
-                frame_len,
-                max,
-            })) => {
-                // A response or delivery we cannot read is lost (its caller times out);
-                // a call for our worker is refused so the caller learns why at once.
-                tracing::warn!("skipped a {frame_len}-byte frame (limit {max})");
-                if let (Some(id), false) = (id, oneway) {
-                    if type_code == Some(MessageType::Request.code()) {
-                        let reason = format!(
-                            "request is {frame_len} bytes; this worker accepts at most {max}"
-                        );
-                        conn.reply(id, ResponseStatus::TooLarge, &reason).await;
-                    }
-                }
+            // The common case, a response to a waiting call, without a future.
+            if let Some(m) = self.conn.answer_waiting_call(m) {
+                self.routing = self.conn.route_now(*m);
             }
-            Ok(Some(Decoded::Invalid {
-                id,
-                type_code,
-                error,
-            })) => {
-                tracing::warn!("skipped an invalid frame: {error}");
-                if let Some(id) = id {
-                    if type_code == Some(MessageType::Request.code()) {
-                        conn.reply(id, ResponseStatus::BadRequest, &error.to_string())
-                            .await;
-                    }
-                }
-            }
-            Ok(Some(other)) => tracing::warn!("skipped an unknown frame: {other:?}"),
-            Ok(None) => break "the broker closed the connection".to_owned(),
-            Err(e) => break e.to_string(),
         }
-    };
-    tracing::debug!("tubeway connection closed: {reason}");
-    conn.close(&reason);
+    }
+
+    fn end(&mut self, reason: &str) -> Option<Box<Message>> {
+        tracing::debug!("tubeway connection closed: {reason}");
+        self.conn.close(reason);
+        self.ended = true;
+        None
+    }
+}
+
+impl Future for Reader {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // Without a call named, it reads until the connection ends.
+        self.poll_read(cx, None).map(drop)
+    }
 }
 
 impl Conn {
@@ -322,7 +355,7 @@ impl Conn {
     }
 
     /// Hands a response to the call waiting for it; any other message back.
-    pub(crate) fn answer_waiting_call(&self, m: Message) -> Option<Message> {
+    pub(crate) fn answer_waiting_call(&self, m: Box<Message>) -> Option<Box<Message>> {
         let cid = match (m.r#type, m.correlation_id) {
             (MessageType::Response, Some(cid)) => cid,
             _ => return Some(m),
@@ -340,32 +373,48 @@ impl Conn {
 
     /// Routes one message from the broker that is not a response to a
     /// waiting call.
+    #[cfg(test)]
     pub(crate) async fn route(self: &Arc<Self>, m: Message) {
+        if let Some(routing) = self.route_now(m) {
+            routing.await;
+        }
+    }
+
+    /// Routes one message from the broker that is not a response to a
+    /// waiting call, as far as it can without waiting; what is left to
+    /// wait for, if anything, must finish before the next message is routed.
+    fn route_now(self: &Arc<Self>, m: Message) -> Option<Routing> {
         let Some(cid) = m.correlation_id else {
             if m.r#type == MessageType::Ping && !m.oneway {
-                self.reply(m.id, ResponseStatus::Ok, "").await;
-            } else {
-                tracing::warn!("ignored a {} message without correlation_id", m.r#type);
+                return Some(self.reply_later(m.id, ResponseStatus::Ok, ""));
             }
-            return;
+            tracing::warn!("ignored a {} message without correlation_id", m.r#type);
+            return None;
         };
         match m.r#type {
             MessageType::Response => {
                 let abandoned = self.lock().abandoned.remove(&cid);
                 match abandoned {
-                    Some(queue) if m.status().is_ok() => self.offer_back(m, queue).await,
+                    Some(queue) if m.status().is_ok() => {
+                        let conn = self.clone();
+                        return Some(Box::pin(async move { conn.offer_back(m, queue).await }));
+                    }
                     _ => tracing::debug!("response to a call no longer waiting: {cid}"),
                 }
             }
             MessageType::Publish => {
                 let sub = self.lock().subscriptions.get(&cid).cloned();
-                match sub {
+                match sub.map(|sub| (sub.try_send(m), sub)) {
+                    Some((Ok(()), _)) => {}
                     // Waiting here (not dropping) is deliberate: a slow subscriber
                     // slows this connection, so the broker sees its buffer fill and
                     // counts the drops where they can be observed.
-                    Some(sub) => {
-                        let _ = sub.send(m).await;
+                    Some((Err(mpsc::error::TrySendError::Full(m)), sub)) => {
+                        return Some(Box::pin(async move {
+                            let _ = sub.send(m).await;
+                        }));
                     }
+                    Some((Err(mpsc::error::TrySendError::Closed(_)), _)) => {}
                     None => tracing::debug!("delivery for an ended subscription: {cid}"),
                 }
             }
@@ -383,13 +432,64 @@ impl Conn {
                     None if m.oneway => {}
                     None => {
                         let reason = "this connection no longer serves the function";
-                        self.reply(m.id, ResponseStatus::FunctionNotFound, reason)
-                            .await;
+                        return Some(self.reply_later(
+                            m.id,
+                            ResponseStatus::FunctionNotFound,
+                            reason,
+                        ));
                     }
                 }
             }
             other => tracing::warn!("ignored an unexpected {other} message"),
         }
+        None
+    }
+
+    /// Handles a frame that is not a message; what is left to wait for, if
+    /// anything (an answer to write).
+    fn skipped(self: &Arc<Self>, frame: Decoded) -> Option<Routing> {
+        match frame {
+            Decoded::TooLarge {
+                id,
+                type_code,
+                oneway,
+                frame_len,
+                max,
+            } => {
+                // A response or delivery we cannot read is lost (its caller times out);
+                // a call for our worker is refused so the caller learns why at once.
+                tracing::warn!("skipped a {frame_len}-byte frame (limit {max})");
+                if let (Some(id), false) = (id, oneway) {
+                    if type_code == Some(MessageType::Request.code()) {
+                        let reason = format!(
+                            "request is {frame_len} bytes; this worker accepts at most {max}"
+                        );
+                        return Some(self.reply_later(id, ResponseStatus::TooLarge, &reason));
+                    }
+                }
+            }
+            Decoded::Invalid {
+                id,
+                type_code,
+                error,
+            } => {
+                tracing::warn!("skipped an invalid frame: {error}");
+                if let Some(id) = id {
+                    if type_code == Some(MessageType::Request.code()) {
+                        let reason = error.to_string();
+                        return Some(self.reply_later(id, ResponseStatus::BadRequest, &reason));
+                    }
+                }
+            }
+            other => tracing::warn!("skipped an unknown frame: {other:?}"),
+        }
+        None
+    }
+
+    /// [`reply`](Self::reply), as a future that owns what it needs.
+    fn reply_later(self: &Arc<Self>, to: Uuid, status: ResponseStatus, reason: &str) -> Routing {
+        let (conn, reason) = (self.clone(), reason.to_owned());
+        Box::pin(async move { conn.reply(to, status, &reason).await })
     }
 
     /// Offers back a message the broker took for a poll its caller had
@@ -471,16 +571,17 @@ impl Conn {
     pub(crate) fn register_pending(
         &self,
         msg: &mut Message,
-    ) -> Result<(oneshot::Receiver<Message>, bool)> {
-        let poll_queue = (msg.r#type == MessageType::Poll)
-            .then(|| msg.destination.clone())
-            .flatten();
+    ) -> Result<(oneshot::Receiver<Box<Message>>, bool)> {
+        let poll_queue = poll_queue(msg);
         let mut s = self.lock();
         if let Some(reason) = &s.closed {
             return Err(Error::ConnectionClosed(reason.clone()));
         }
         let (tx, rx) = oneshot::channel();
         let waiter = Waiter { tx, poll_queue };
+        if s.unregistered == Some(msg.id) {
+            msg.id = Uuid::new_v4();
+        }
         // One lookup for the common case, a fresh id.
         loop {
             match s.pending.entry(msg.id) {
@@ -492,6 +593,47 @@ impl Conn {
             }
         }
         Ok((rx, s.pending.len() > 1))
+    }
+
+    /// Starts a call whose caller reads its answer itself, holding the
+    /// reader, so that nothing needs registering: true when that is sound,
+    /// no other call being in flight (none can then take its answer or its
+    /// id); false to register it as usual.
+    pub(crate) fn begin_unregistered(&self, msg: &Message) -> Result<bool> {
+        let mut s = self.lock();
+        if let Some(reason) = &s.closed {
+            return Err(Error::ConnectionClosed(reason.clone()));
+        }
+        if !s.pending.is_empty() {
+            return Ok(false);
+        }
+        s.unregistered = Some(msg.id);
+        Ok(true)
+    }
+
+    /// Registers a call begun unregistered whose answer its caller will
+    /// now wait for as any other's: it must not have been read yet.
+    pub(crate) fn register_sent(
+        &self,
+        id: Uuid,
+        poll_queue: Option<String>,
+    ) -> Result<oneshot::Receiver<Box<Message>>> {
+        let mut s = self.lock();
+        if let Some(reason) = &s.closed {
+            return Err(Error::ConnectionClosed(reason.clone()));
+        }
+        let (tx, rx) = oneshot::channel();
+        // Vacant: no call registered meanwhile took this id.
+        s.pending.insert(id, Waiter { tx, poll_queue });
+        s.unregistered = None;
+        Ok(rx)
+    }
+
+    /// Sends a frame if that needs no waiting; gives it back otherwise.
+    pub(crate) fn try_send_or_return(&self, frame: EncodedFrame) -> Result<Option<EncodedFrame>> {
+        self.writer
+            .try_send_or_return(frame)
+            .map_err(|_| self.closed_error())
     }
 
     /// Forgets a call once it has ended. A poll that ended unanswered (its
@@ -595,6 +737,14 @@ impl Conn {
         self.stopping.store(true, Ordering::Release);
         self.stop.cancel();
     }
+}
+
+/// The queue of a poll, whose message must not be lost if its caller is
+/// gone when it arrives.
+pub(crate) fn poll_queue(msg: &Message) -> Option<String> {
+    (msg.r#type == MessageType::Poll)
+        .then(|| msg.destination.clone())
+        .flatten()
 }
 
 /// Runs one request through a worker's handler and sends the answer.

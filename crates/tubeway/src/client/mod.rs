@@ -235,9 +235,28 @@ impl AsyncClient {
         let frame = conn.encode_owned(msg)?;
         Ok(Started {
             pending,
-            frame,
+            frame: Some(frame),
             rx,
             pipelined,
+        })
+    }
+
+    /// A call begun unregistered (see [`Conn::begin_unregistered`]), now
+    /// registered to wait for its answer as any other: `unsent`, its frame
+    /// if the writer had no room for it yet.
+    pub(crate) fn started_unregistered(
+        &self,
+        id: uuid::Uuid,
+        poll_queue: Option<String>,
+        unsent: Option<EncodedFrame>,
+    ) -> Result<Started<'_>> {
+        let conn = self.conn();
+        let rx = conn.register_sent(id, poll_queue)?;
+        Ok(Started {
+            pending: PendingGuard { conn, id },
+            frame: unsent,
+            rx,
+            pipelined: false,
         })
     }
 
@@ -567,22 +586,24 @@ impl Drop for PendingGuard<'_> {
 /// A request started by [`AsyncClient::start`].
 pub(crate) struct Started<'a> {
     pending: PendingGuard<'a>,
-    frame: EncodedFrame,
-    rx: oneshot::Receiver<Message>,
+    /// The request, unless it was written already.
+    frame: Option<EncodedFrame>,
+    rx: oneshot::Receiver<Box<Message>>,
     pipelined: bool,
 }
 
 impl Started<'_> {
     /// Writes the request and waits at most `timeout` for its response.
     pub(crate) async fn finish(self, timeout: Duration) -> Result<Message> {
-        tokio::time::timeout(timeout, self.exchange())
+        let answer = tokio::time::timeout(timeout, self.exchange())
             .await
-            .map_err(|_| Error::Timeout(timeout))?
+            .map_err(|_| Error::Timeout(timeout))??;
+        Ok(*answer)
     }
 
     /// Writes the request and waits for its response, for as long as the
     /// caller lets this future run.
-    pub(crate) async fn exchange(self) -> Result<Message> {
+    pub(crate) async fn exchange(self) -> Result<Box<Message>> {
         let Started {
             pending,
             frame,
@@ -590,7 +611,9 @@ impl Started<'_> {
             pipelined,
         } = self;
         let conn = pending.conn;
-        conn.send_frame_as(frame, pipelined).await?;
+        if let Some(frame) = frame {
+            conn.send_frame_as(frame, pipelined).await?;
+        }
         let response = rx.await.map_err(|_| conn.closed_error());
         // Until here the guard removes the entry if this future is dropped.
         pending.taken();

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tubeway_proto::{codec, ops, Decoded, Message, MessageType, ResponseStatus};
-use tubeway_transport::{FrameReader, FrameWriter, Listener, Url};
+use tubeway_transport::{FrameReader, FrameWriter, Listener, Url, WaitStrategy};
 use uuid::Uuid;
 
 use super::{AsyncClient, ClientOptions};
@@ -30,7 +30,7 @@ struct Peer {
 impl Peer {
     async fn recv(&mut self) -> Message {
         match within(self.frames.next()).await {
-            Ok(Some(Decoded::Message(m))) => m,
+            Ok(Some(Decoded::Message(m))) => *m,
             other => panic!("expected a message, got {other:?}"),
         }
     }
@@ -974,8 +974,10 @@ async fn a_poll_answer_whose_caller_left_after_its_entry_was_taken_is_offered_ba
     let answer =
         poll.response(ResponseStatus::Ok)
             .with_text("job 1", tubeway_proto::MIME_TEXT, "utf-8");
-    let left = conn.answer_waiting_call(answer).expect("handed back");
-    within(conn.route(left)).await;
+    let left = conn
+        .answer_waiting_call(Box::new(answer))
+        .expect("handed back");
+    within(conn.route(*left)).await;
     let back = peer.recv().await;
     assert_eq!(back.r#type, MessageType::Offer);
     assert_eq!(back.destination.as_deref(), Some("jobs"));
@@ -985,7 +987,136 @@ async fn a_poll_answer_whose_caller_left_after_its_entry_was_taken_is_offered_ba
     let (rx, _) = conn.register_pending(&mut call).unwrap();
     drop(rx);
     assert!(conn
-        .answer_waiting_call(call.response(ResponseStatus::Ok))
+        .answer_waiting_call(Box::new(call.response(ResponseStatus::Ok)))
         .is_none());
     assert_eq!(conn.pending_len(), 0);
+}
+
+/// A fake broker on a runtime of its own, for a blocking client on the
+/// test thread: `serve` gets the welcomed peer.
+fn blocking_pair<F, Fut>(
+    options: ClientOptions,
+    serve: F,
+) -> (Client, tokio::runtime::Runtime, tokio::task::JoinHandle<()>)
+where
+    F: FnOnce(Peer) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let broker = tokio::runtime::Runtime::new().unwrap();
+    let url = mem_url();
+    let mut listener = broker.block_on(Listener::bind(&url)).unwrap();
+    let served = broker.spawn(async move {
+        let mut peer = accept(&mut listener).await;
+        welcome(&mut peer, 1 << 20).await;
+        serve(peer).await;
+    });
+    let client = Client::connect_with(&url.to_string(), options).unwrap();
+    (client, broker, served)
+}
+
+/// A lone blocking call reads its answer on its own thread, unregistered,
+/// while its reader spins; what the broker sends before the answer is
+/// still routed (a ping is answered), and a call whose answer comes after
+/// the spin, or never, ends as any other. With a reader that does not spin
+/// the same holds.
+#[test]
+fn a_lone_blocking_call_routes_what_comes_before_its_answer() {
+    for wait in [Some(WaitStrategy::default()), Some(WaitStrategy::PARK)] {
+        lone_blocking_calls(ClientOptions {
+            wait,
+            ..ClientOptions::default()
+        });
+    }
+}
+
+fn lone_blocking_calls(options: ClientOptions) {
+    let (pongs, got_pong) = std::sync::mpsc::channel();
+    let (ids, first_id) = tokio::sync::oneshot::channel();
+    let (sent, both_sent) = std::sync::mpsc::channel();
+    let (client, broker, served) = blocking_pair(options, |mut peer| async move {
+        // A ping, whose answer the client must send, then the answer to a
+        // call not yet made (its id is known): both wait for the caller,
+        // who reads them itself.
+        let first: Message = first_id.await.unwrap();
+        let ping = Message::new(MessageType::Ping);
+        peer.send(&ping).await;
+        peer.echo(&first).await;
+        sent.send(()).unwrap();
+        assert_eq!(peer.recv().await.id, first.id);
+        let pong = peer.recv().await;
+        assert_eq!(pong.correlation_id, Some(ping.id));
+        pongs.send(pong.status()).unwrap();
+        // Answered well after any spin.
+        let call = peer.recv().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        peer.echo(&call).await;
+        // Never answered.
+        let _ = peer.recv().await;
+        peer.expect_eof().await;
+    });
+    let conn = client.as_async().conn_arc();
+    let first = Message::plain_text("first")
+        .with_type(MessageType::Request)
+        .with_destination("echo");
+    ids.send(first.clone()).unwrap();
+    both_sent.recv_timeout(STEP).unwrap();
+    let reply = client.request(first).unwrap();
+    assert_eq!(reply.text_payload().unwrap(), "first");
+    assert_eq!(got_pong.recv_timeout(STEP).unwrap(), ResponseStatus::Ok);
+    let reply = client.send("echo", Message::plain_text("late")).unwrap();
+    assert_eq!(reply.text_payload().unwrap(), "late");
+    assert_eq!(conn.pending_len(), 0);
+    let unanswered = Message::plain_text("never")
+        .with_type(MessageType::Request)
+        .with_destination("echo");
+    assert!(matches!(
+        client.request_timeout(unanswered, Duration::from_millis(50)),
+        Err(Error::Timeout(_))
+    ));
+    assert_eq!(conn.pending_len(), 0, "the timed-out call is forgotten");
+    // The last handles run the writer to the end of the stream.
+    drop((client, conn));
+    broker.block_on(within(served)).unwrap();
+}
+
+/// A blocking call whose connection dies while it reads its own answer
+/// fails at once with the reason.
+#[test]
+fn a_lone_blocking_call_fails_when_the_connection_dies() {
+    let options = ClientOptions {
+        wait: Some(WaitStrategy::default()),
+        ..ClientOptions::default()
+    };
+    let (client, broker, served) = blocking_pair(options, |mut peer| async move {
+        let _ = peer.recv().await;
+        drop(peer);
+    });
+    let started = std::time::Instant::now();
+    let e = client
+        .send_timeout("echo", Message::plain_text("x"), STEP)
+        .unwrap_err();
+    assert!(matches!(e, Error::ConnectionClosed(_)), "{e:?}");
+    assert!(started.elapsed() < STEP);
+    broker.block_on(within(served)).unwrap();
+}
+
+/// A call begun without registering keeps its id: another call of the
+/// same message meanwhile gets a fresh one, and with another call in
+/// flight none begins unregistered.
+#[tokio::test]
+async fn a_call_begun_unregistered_keeps_its_id() {
+    let (client, _peer) = pair().await;
+    let conn = client.conn_arc();
+    let msg = Message::new(MessageType::Request).with_destination("f");
+    assert!(conn.begin_unregistered(&msg).unwrap());
+    let mut again = msg.clone();
+    let (_rx, _) = conn.register_pending(&mut again).unwrap();
+    assert_ne!(again.id, msg.id);
+    assert!(!conn.begin_unregistered(&msg).unwrap());
+    let rx = conn.register_sent(msg.id, None).unwrap();
+    assert_eq!(conn.pending_len(), 2);
+    assert!(conn
+        .answer_waiting_call(Box::new(msg.response(ResponseStatus::Ok)))
+        .is_none());
+    assert_eq!(within(rx).await.unwrap().correlation_id, Some(msg.id));
 }

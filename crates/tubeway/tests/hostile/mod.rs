@@ -270,7 +270,7 @@ impl Raw {
         bounded("raw read", async {
             loop {
                 match self.decoder.decode(&mut self.buf) {
-                    Ok(Some(Decoded::Message(m))) => return Event::Frame(m),
+                    Ok(Some(Decoded::Message(m))) => return Event::Frame(*m),
                     Ok(Some(other)) => return Event::Other(other),
                     Ok(None) => {}
                     Err(e) => panic!("the broker sent a frame we cannot delimit: {e}"),
