@@ -285,13 +285,17 @@ impl Driver {
         None
     }
 
-    /// Starts a call from the thread that will wait for it. When nobody else
-    /// reads and no other call is in flight, writes it and reads its answer
-    /// right here, while the reader spins: no registration, no channel, no
+    /// Starts a call from the thread that will wait for it. When the reader
+    /// spins, nobody else reads and no other call is in flight, writes it
+    /// and reads its answer right here: no registration, no channel, no
     /// wake-up. Otherwise, or once the spin is over without the answer, the
-    /// call is registered and waits as any other does.
+    /// call is registered and waits as any other does. (A reader that does
+    /// not spin would only look once, a system call, before sleeping.)
     fn call<'a>(&self, client: &'a AsyncClient, msg: Message) -> Result<Call<'a>> {
         let conn = client.conn();
+        if !client.wait_strategy().spins() {
+            return client.start(msg).map(Call::Waiting);
+        }
         let Some(mut held) = self.take_reader() else {
             return client.start(msg).map(Call::Waiting);
         };

@@ -1018,7 +1018,7 @@ where
 /// while its reader spins; what the broker sends before the answer is
 /// still routed (a ping is answered), and a call whose answer comes after
 /// the spin, or never, ends as any other. With a reader that does not spin
-/// the same holds.
+/// (and so registers every call) the same holds.
 #[test]
 fn a_lone_blocking_call_routes_what_comes_before_its_answer() {
     for wait in [Some(WaitStrategy::default()), Some(WaitStrategy::PARK)] {
