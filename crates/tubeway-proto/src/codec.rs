@@ -306,10 +306,12 @@ fn encode_head(msg: &Message, max_frame: usize) -> Result<Bytes, EncodeError> {
     Ok(Bytes::from(head))
 }
 
-/// The length of `msg`'s prefix and header section.
+/// The length of `msg`'s prefix and header section. A field too long to
+/// encode counts as the longest allowed: the encoder refuses it, and must
+/// not allocate its length first.
 fn head_len(msg: &Message) -> usize {
     let fixed = |present: bool, len: usize| if present { 3 + len } else { 0 };
-    let text = |v: &Option<String>| v.as_ref().map_or(0, |s| 3 + s.len());
+    let text = |v: &Option<String>| v.as_ref().map_or(0, |s| 3 + s.len().min(MAX_FIELD_LEN));
     PREFIX_LEN
         + FIXED_HEADER_LEN
         + fixed(msg.expires_at.is_some(), 8)
@@ -376,7 +378,7 @@ pub fn decode(frame: Bytes) -> Result<Message, DecodeError> {
 }
 
 /// [`decode`] of a frame that is borrowed: the payload is copied out.
-pub fn decode_copied(frame: &[u8]) -> Result<Message, DecodeError> {
+fn decode_copied(frame: &[u8]) -> Result<Message, DecodeError> {
     decode_with(frame, |at| {
         Bytes::copy_from_slice(frame.get(at..).unwrap_or_default())
     })
