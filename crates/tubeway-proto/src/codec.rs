@@ -782,6 +782,18 @@ mod tests {
     }
 
     #[test]
+    fn a_field_longer_than_its_length_prefix_is_refused() {
+        let ok = Message::new(MessageType::Ping).with_subject("s".repeat(MAX_FIELD_LEN));
+        let f = encode(&ok, 1 << 20).unwrap();
+        assert_eq!(decode(Bytes::from(f.to_vec())).unwrap(), ok);
+        let long = Message::new(MessageType::Ping).with_subject("s".repeat(MAX_FIELD_LEN + 1));
+        assert!(matches!(
+            encode(&long, 1 << 20),
+            Err(EncodeError::FieldTooLong { field: "subject", len }) if len == MAX_FIELD_LEN + 1
+        ));
+    }
+
+    #[test]
     fn oversized_frame_is_skipped_not_buffered() {
         let big = Message::binary(vec![7u8; 4096], None);
         let small = sample();
