@@ -15,6 +15,7 @@ use tubeway::{Client, Error, Message, ResponseStatus};
 crate::transport_tests! {
     call_from_async_client,
     call_from_blocking_client,
+    blocking_client_shared_by_threads,
     send_async_future,
     oneway_call_runs_the_handler,
     oneway_call_survives_its_sender_disconnecting,
@@ -94,6 +95,38 @@ async fn call_from_blocking_client(h: &Harness) {
     assert_eq!(answers.0, "hello, tubeway");
     assert_eq!(answers.1, "hello, again");
     assert_eq!(answers.2, ResponseStatus::FunctionNotFound);
+}
+
+/// One blocking client, several threads calling at once: quick calls (a
+/// lone one reads its own answer) mixed with slow ones (which register and
+/// wait); every call gets its own answer.
+async fn blocking_client_shared_by_threads(h: &Harness) {
+    echo(h);
+    answers_after(h, "slow", Duration::from_millis(5));
+    let (url, options) = (h.url.clone(), h.client_options());
+    let done = on_thread(move || {
+        let c = Client::connect_with(&url, options).unwrap();
+        std::thread::scope(|s| {
+            for t in 0..3 {
+                let c = &c;
+                s.spawn(move || {
+                    for i in 0..300 {
+                        let sent = format!("{t}/{i}");
+                        let got = c.send("echo", Message::plain_text(sent.clone())).unwrap();
+                        assert_eq!(text(&got), sent);
+                    }
+                });
+            }
+            for _ in 0..20 {
+                let got = c.send("slow", Message::plain_text("x")).unwrap();
+                assert_eq!(text(&got), "late answer");
+            }
+        });
+        c.close().unwrap();
+        true
+    })
+    .await;
+    assert!(done);
 }
 
 async fn send_async_future(h: &Harness) {
