@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::FutureExt as _;
 use tubeway_proto::ops::FunctionStatus;
-use tubeway_proto::{Message, ResponseStatus};
+use tubeway_proto::{Message, MessageType, ResponseStatus};
 use uuid::Uuid;
 
 use crate::broker::BrokerError;
@@ -80,6 +80,24 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> &str {
         .copied()
         .or_else(|| p.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("(no message)")
+}
+
+/// What the response to a local call needs of its request, which the
+/// handler takes.
+struct Caller {
+    id: Uuid,
+    request_id: Option<String>,
+    oneway: bool,
+}
+
+impl Caller {
+    fn of(req: &Message) -> Caller {
+        Caller {
+            id: req.id,
+            request_id: req.request_id.clone(),
+            oneway: req.oneway,
+        }
+    }
 }
 
 /// What [`Function::call_inline`] did.
@@ -191,8 +209,8 @@ impl Function {
         let Some(Handler::Sync(f)) = &self.local else {
             return Inline::NotInline(req);
         };
-        let (oneway, template) = (req.oneway, req.response(ResponseStatus::Ok));
-        let answer = self.local_answer(oneway, template, reason(run_sync(f.as_ref(), req)));
+        let caller = Caller::of(&req);
+        let answer = self.local_answer(caller, reason(run_sync(f.as_ref(), req)));
         self.count(is_failure(answer.as_ref()));
         Inline::Done(answer)
     }
@@ -204,39 +222,39 @@ impl Function {
         }
     }
 
-    /// The response to a call of the local handler, from `template` (an `ok`
-    /// response to the request) and what the handler gave.
-    fn local_answer(
-        &self,
-        oneway: bool,
-        template: Message,
-        out: Result<Message, String>,
-    ) -> Option<Message> {
-        if oneway {
+    /// The response to a call of the local handler from `caller`, made of
+    /// what the handler gave (its payload and subject, moved, not copied).
+    fn local_answer(&self, caller: Caller, out: Result<Message, String>) -> Option<Message> {
+        if caller.oneway {
             if let Err(reason) = out {
                 tracing::warn!(function = %self.name, %reason, "oneway call failed");
             }
             return None;
         }
+        let mut r = Message::new(MessageType::Response);
+        r.correlation_id = Some(caller.id);
+        r.request_id = caller.request_id;
         Some(match out {
             Ok(m) => {
-                let mut r = template.with_payload_of(&m);
+                r.response_status = Some(ResponseStatus::Ok);
+                r.payload = m.payload;
+                r.payload_mimetype = m.payload_mimetype;
+                r.payload_charset = m.payload_charset;
                 r.subject = m.subject;
                 r
             }
             Err(reason) => {
-                let mut r = template.with_text(reason, tubeway_proto::MIME_TEXT, "utf-8");
                 r.response_status = Some(ResponseStatus::HandlerError);
-                r
+                r.with_text(reason, tubeway_proto::MIME_TEXT, "utf-8")
             }
         })
     }
 
     async fn dispatch(&self, req: Message) -> Result<Option<Message>, BrokerError> {
         if let Some(h) = &self.local {
-            let (oneway, template) = (req.oneway, req.response(ResponseStatus::Ok));
+            let caller = Caller::of(&req);
             let out = h.run(req).await;
-            return Ok(self.local_answer(oneway, template, out));
+            return Ok(self.local_answer(caller, out));
         }
         let worker = self.pick_worker().ok_or_else(|| {
             BrokerError::new(
