@@ -21,7 +21,7 @@
 //!
 //! See `docs/protocol.md` for the field tags and the versioning rule.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use uuid::Uuid;
 
 use crate::message::{Message, MessageType, ResponseStatus};
@@ -204,11 +204,16 @@ fn put_str_field(
                 len: s.len(),
             });
         }
-        buf.put_u8(t);
-        buf.put_u16_le(s.len() as u16);
-        buf.put_slice(s.as_bytes());
+        put_field(buf, t, s.as_bytes());
     }
     Ok(())
+}
+
+/// One tag-length-value field; `value` is at most [`MAX_FIELD_LEN`] long.
+fn put_field(buf: &mut Vec<u8>, t: u8, value: &[u8]) {
+    let [l0, l1] = (value.len() as u16).to_le_bytes();
+    buf.extend_from_slice(&[t, l0, l1]);
+    buf.extend_from_slice(value);
 }
 
 /// Encodes `msg`, refusing frames larger than `max_frame` bytes. The
@@ -236,15 +241,13 @@ pub fn encode_owned(msg: Message, max_frame: usize) -> Result<EncodedFrame, Enco
 fn encode_head(msg: &Message, max_frame: usize) -> Result<Bytes, EncodeError> {
     // Exactly the size: a `Bytes` made of a full `Vec` needs no second
     // allocation for a reference count, nor an atomic update to drop.
-    let mut head = Vec::with_capacity(head_len(msg));
-    head.put_slice(&MAGIC);
-    head.put_u8(crate::PROTOCOL_VERSION);
-    head.put_u8(0);
-    head.put_u32_le(0); // frame_len, patched below
-    head.put_u32_le(0); // header_len, patched below
-
-    head.put_u8(msg.r#type.code());
-    head.put_u8(msg.response_status.map_or(0, ResponseStatus::code));
+    let len = head_len(msg);
+    let total = len + msg.payload.len();
+    let mut head = Vec::with_capacity(len);
+    // Written a few pieces at a time rather than field by field: every
+    // write checks the vector's capacity.
+    let [f0, f1, f2, f3] = (total as u32).to_le_bytes();
+    let [h0, h1, h2, h3] = ((len - PREFIX_LEN) as u32).to_le_bytes();
     let mut bits = 0;
     if msg.oneway {
         bits |= BIT_ONEWAY;
@@ -252,26 +255,38 @@ fn encode_head(msg: &Message, max_frame: usize) -> Result<Bytes, EncodeError> {
     if msg.durable {
         bits |= BIT_DURABLE;
     }
-    head.put_u8(bits);
-    head.put_u8(0);
-    head.put_slice(msg.id.as_bytes());
-    head.put_u64_le(msg.timestamp);
+    let [m0, m1] = MAGIC;
+    head.extend_from_slice(&[
+        m0,
+        m1,
+        crate::PROTOCOL_VERSION,
+        0,
+        f0,
+        f1,
+        f2,
+        f3,
+        h0,
+        h1,
+        h2,
+        h3,
+        msg.r#type.code(),
+        msg.response_status.map_or(0, ResponseStatus::code),
+        bits,
+        0,
+    ]);
+    head.extend_from_slice(msg.id.as_bytes());
+    head.extend_from_slice(&msg.timestamp.to_le_bytes());
 
     if let Some(t) = msg.expires_at {
-        head.put_u8(tag::EXPIRES_AT);
-        head.put_u16_le(8);
-        head.put_u64_le(t);
+        put_field(&mut head, tag::EXPIRES_AT, &t.to_le_bytes());
     }
     if let Some(t) = msg.timeout {
-        head.put_u8(tag::TIMEOUT);
-        head.put_u16_le(8);
-        head.put_u64_le(u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+        let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+        put_field(&mut head, tag::TIMEOUT, &ms.to_le_bytes());
     }
     put_str_field(&mut head, tag::REQUEST_ID, "request_id", &msg.request_id)?;
     if let Some(c) = msg.correlation_id {
-        head.put_u8(tag::CORRELATION_ID);
-        head.put_u16_le(16);
-        head.put_slice(c.as_bytes());
+        put_field(&mut head, tag::CORRELATION_ID, c.as_bytes());
     }
     put_str_field(&mut head, tag::SUBJECT, "subject", &msg.subject)?;
     put_str_field(&mut head, tag::DESTINATION, "destination", &msg.destination)?;
@@ -289,20 +304,14 @@ fn encode_head(msg: &Message, max_frame: usize) -> Result<Bytes, EncodeError> {
         &msg.payload_charset,
     )?;
 
-    let total = head.len() + msg.payload.len();
     if total > max_frame || total > u32::MAX as usize {
         return Err(EncodeError::TooLarge {
             len: total,
             max: max_frame.min(u32::MAX as usize),
         });
     }
-    let header_len = (head.len() - PREFIX_LEN) as u32;
-    // The prefix is the first 12 bytes of `head`, written above.
-    if let Some(mut prefix) = head.get_mut(4..PREFIX_LEN) {
-        prefix.put_u32_le(total as u32);
-        prefix.put_u32_le(header_len);
-    }
-    debug_assert_eq!(head.len(), head.capacity());
+    debug_assert_eq!(head.len(), len);
+    debug_assert_eq!(head.capacity(), len);
     Ok(Bytes::from(head))
 }
 
@@ -686,6 +695,7 @@ fn peek_fixed(buf: &[u8]) -> (Option<Uuid>, Option<u8>, bool) {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
+    use bytes::BufMut;
 
     fn sample() -> Message {
         Message::plain_text("hello")
