@@ -305,9 +305,10 @@ impl Driver {
         }
         let (id, poll_queue) = (msg.id, poll_queue(&msg));
         let frame = conn.encode_owned(msg)?;
-        // The runtime's context, for what routing other messages starts.
-        let _context = self.rt().enter();
         let unsent = conn.try_send_or_return(frame)?;
+        // The runtime's context, for what routing other messages starts;
+        // entered once the request is out, while the broker works on it.
+        let _context = self.rt().enter();
         // Unless the frame waits for the writer's task, which only the
         // runtime runs.
         if unsent.is_none() && !self.write_backlog() {
