@@ -404,18 +404,19 @@ impl Conn {
             }
             MessageType::Publish => {
                 let sub = self.lock().subscriptions.get(&cid).cloned();
-                match sub.map(|sub| (sub.try_send(m), sub)) {
-                    Some((Ok(()), _)) => {}
-                    // Waiting here (not dropping) is deliberate: a slow subscriber
-                    // slows this connection, so the broker sees its buffer fill and
-                    // counts the drops where they can be observed.
-                    Some((Err(mpsc::error::TrySendError::Full(m)), sub)) => {
-                        return Some(Box::pin(async move {
-                            let _ = sub.send(m).await;
-                        }));
-                    }
-                    Some((Err(mpsc::error::TrySendError::Closed(_)), _)) => {}
-                    None => tracing::debug!("delivery for an ended subscription: {cid}"),
+                let Some(sub) = sub else {
+                    tracing::debug!("delivery for an ended subscription: {cid}");
+                    return None;
+                };
+                // Waiting (not dropping) when the subscription is full is
+                // deliberate: a slow subscriber slows this connection, so the
+                // broker sees its buffer fill and counts the drops where they
+                // can be observed. A subscription whose handle is gone takes
+                // nothing.
+                if let Err(mpsc::error::TrySendError::Full(m)) = sub.try_send(m) {
+                    return Some(Box::pin(async move {
+                        let _ = sub.send(m).await;
+                    }));
                 }
             }
             MessageType::Unsubscribe => {
