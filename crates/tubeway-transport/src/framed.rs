@@ -61,6 +61,9 @@ struct Spin {
     started: Option<Instant>,
     /// The spin budget is spent: sleep until the stream is readable.
     parked: bool,
+    /// [`FrameReader::wait_readable`] found the stream readable: the next
+    /// read asks the kernel, not the reactor.
+    readable: bool,
 }
 
 /// Reads frames from a byte stream, checking every length before allocating.
@@ -127,6 +130,17 @@ impl FrameReader {
     /// at once.
     pub fn has_buffered(&self) -> bool {
         !self.buf.is_empty() || self.recycling.is_some()
+    }
+
+    /// Blocks this thread until the stream has bytes to read, for at most
+    /// `timeout`, without the runtime: for a thread with nothing else to do
+    /// (a blocking call waiting for its answer), which is then woken by the
+    /// kernel alone. `Ok(false)` when the time passed first, and at once on
+    /// shared memory (whose readers spin). Poll [`next`](Self::next) after.
+    pub fn wait_readable(&mut self, timeout: std::time::Duration) -> io::Result<bool> {
+        let readable = self.reader.wait_readable(timeout)?;
+        self.spin.readable = readable;
+        Ok(readable)
     }
 
     /// Changes the maximum for frames not yet started.
@@ -217,6 +231,11 @@ impl FrameReader {
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         self.woke_itself = false;
         if !self.wait.spins() || self.spin.parked {
+            if std::mem::take(&mut self.spin.readable) {
+                if let Poll::Ready(r) = self.try_fill_now() {
+                    return Poll::Ready(r);
+                }
+            }
             let r = ready!(self.reader.poll_read_buf(cx, &mut self.buf));
             self.spin = Spin::default();
             return Poll::Ready(r);
@@ -1051,6 +1070,46 @@ mod tests {
             }
         }
         assert_eq!(writer.stats().direct, 10);
+    }
+
+    /// A thread may sleep on a socket itself until it is readable, outside
+    /// the reactor; the reader then reads what came although the reactor
+    /// has not seen it. Shared memory does not wait so.
+    #[tokio::test]
+    async fn a_reader_waits_on_the_socket_outside_the_reactor() {
+        let p = std::env::temp_dir().join(format!("tw-w-{}.sock", std::process::id()));
+        let unix = format!("unix://{}", p.display());
+        for url in ["tcp://127.0.0.1:0", unix.as_str(), "mem://framed-wait"] {
+            let (server, client) = pair(url).await;
+            let (writer, _flusher) = FrameWriter::new(client.writer);
+            let mut r = FrameReader::new(server.reader, 1 << 20);
+            assert!(
+                !r.wait_readable(std::time::Duration::from_millis(20))
+                    .unwrap(),
+                "{url}"
+            );
+            let m = Message::plain_text("woke");
+            writer
+                .send(codec::encode(&m, 1 << 20).unwrap())
+                .await
+                .unwrap();
+            assert!(
+                r.wait_readable(std::time::Duration::from_secs(5)).unwrap(),
+                "{url}"
+            );
+            // Polled once, without the runtime having had a turn.
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            let polled = std::future::Future::poll(std::pin::pin!(r.next()), &mut cx);
+            match polled {
+                Poll::Ready(Ok(Some(Decoded::Message(got)))) => {
+                    assert_eq!(got.text_payload().unwrap(), "woke", "{url}")
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        let (server, _client) = pair(&shm_url("wait")).await;
+        let mut r = FrameReader::new(server.reader, 1 << 20);
+        assert!(!r.wait_readable(std::time::Duration::from_secs(5)).unwrap());
     }
 
     /// A peer that stops reading fills the queue; senders then wait instead of

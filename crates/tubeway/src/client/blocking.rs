@@ -8,10 +8,11 @@
 //! hand-written ping-pong costs: no hand-off to an I/O thread, no second
 //! wake-up, no task switch. A call with no other in flight is not even
 //! registered for its answer: its thread writes it and reads the answer
-//! itself while the reader spins, and registers it only if the spin ends
-//! first. A response that arrives while the reader spins is taken without
-//! entering the runtime's scheduler or arming a timer; only a wait that
-//! outlasts the spin runs on the runtime. While several
+//! itself, spinning on the connection or, when the reader does not spin,
+//! asleep in `poll(2)` on the socket alone (not the runtime's reactor), and
+//! registers it only if the spin ends first (or, asleep, if other messages
+//! come first). A response that arrives so is taken without entering the
+//! runtime's scheduler or arming a timer. While several
 //! threads call at once, the one holding the reader reads for all and wakes
 //! the others as their responses arrive; when it is done, another takes
 //! over. While something must be served with nobody calling (a [`Worker`],
@@ -141,6 +142,14 @@ impl Held<'_> {
         self.poll_for(cx, Some(id))
     }
 
+    /// Blocks until the connection has bytes to read, for at most `timeout`
+    /// (see [`Reader::wait_readable`]).
+    fn wait_readable(&mut self, timeout: Duration) -> bool {
+        self.reader
+            .as_mut()
+            .is_some_and(|r| r.wait_readable(timeout))
+    }
+
     fn poll_for(&mut self, cx: &mut Context<'_>, id: Option<Uuid>) -> Poll<Option<Box<Message>>> {
         let Some(reader) = self.reader.as_mut() else {
             return Poll::Ready(None);
@@ -166,8 +175,8 @@ impl Drop for Held<'_> {
 enum Call<'a> {
     /// Its answer, read by the caller's thread.
     Answered(Box<Message>),
-    /// Registered; what is left to drive.
-    Waiting(Started<'a>),
+    /// Registered; what is left to drive, and for how long.
+    Waiting(Started<'a>, Duration),
 }
 
 /// The background driver, running while anything needs serving.
@@ -285,23 +294,27 @@ impl Driver {
         None
     }
 
-    /// Starts a call from the thread that will wait for it. When the reader
-    /// spins, nobody else reads and no other call is in flight, writes it
-    /// and reads its answer right here: no registration, no channel, no
-    /// wake-up. Otherwise, or once the spin is over without the answer, the
-    /// call is registered and waits as any other does. (A reader that does
-    /// not spin would only look once, a system call, before sleeping.)
-    fn call<'a>(&self, client: &'a AsyncClient, msg: Message) -> Result<Call<'a>> {
+    /// Starts a call from the thread that will wait for it, at most
+    /// `timeout`. When nobody else reads and no other call is in flight,
+    /// writes it and reads its answer right here: no registration, no
+    /// channel, no wake-up through the runtime. A reader that spins spins
+    /// for it; one that does not sleeps in the kernel on the socket alone,
+    /// as a hand-written ping-pong does. Otherwise, or once that is over
+    /// without the answer, the call is registered and waits as any other.
+    fn call<'a>(
+        &self,
+        client: &'a AsyncClient,
+        msg: Message,
+        timeout: Duration,
+    ) -> Result<Call<'a>> {
         let conn = client.conn();
-        if !client.wait_strategy().spins() {
-            return client.start(msg).map(Call::Waiting);
-        }
+        let waiting = |started| Call::Waiting(started, timeout);
         let Some(mut held) = self.take_reader() else {
-            return client.start(msg).map(Call::Waiting);
+            return client.start(msg).map(waiting);
         };
         if !conn.begin_unregistered(&msg)? {
             drop(held);
-            return client.start(msg).map(Call::Waiting);
+            return client.start(msg).map(waiting);
         }
         let (id, poll_queue) = (msg.id, poll_queue(&msg));
         let frame = conn.encode_owned(msg)?;
@@ -311,10 +324,27 @@ impl Driver {
         let _context = self.rt().enter();
         // Unless the frame waits for the writer's task, which only the
         // runtime runs.
+        let sleeps = !client.wait_strategy().spins();
+        // A sleeping reader waits until the call's deadline: a shorter wait
+        // of its own would cost more than the round trip (arming the CPU's
+        // timer anew each time measured about 15 µs a call here). None when
+        // the timeout is too long for the clock.
+        let deadline = sleeps
+            .then(|| Instant::now().checked_add(timeout))
+            .flatten();
+        let left = || deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
         if unsent.is_none() && !self.write_backlog() {
             let mut cx = Context::from_waker(&self.spinning);
-            // Twice, for a reader that yields once before it spins.
+            // Twice: for a spinning reader that yields once before it spins;
+            // for a sleeping one, a second wait is for the rest of a large
+            // answer or for the answer after another message.
             for _ in 0..2 {
+                if sleeps && (self.write_backlog() || !held.wait_readable(left())) {
+                    if left().is_zero() {
+                        return Err(Error::Timeout(timeout));
+                    }
+                    break;
+                }
                 match held.poll_answer(&mut cx, id) {
                     Poll::Ready(Some(answer)) => return Ok(Call::Answered(answer)),
                     Poll::Ready(None) => return Err(conn.closed_error()),
@@ -326,7 +356,7 @@ impl Driver {
         // read, so whoever reads next routes it to the call.
         let started = client.started_unregistered(id, poll_queue, unsent)?;
         drop(held);
-        Ok(Call::Waiting(started))
+        Ok(Call::Waiting(started, left()))
     }
 
     /// Runs `f` on the runtime until it is done or `deadline` passes.
@@ -652,15 +682,19 @@ impl Client {
         // Started before blocking, so that only a small future is driven:
         // the message never enters it.
         self.exec.check()?;
-        let started = match &self.exec {
-            Exec::Own(d) => match d.call(&self.inner, msg)? {
+        let (started, left) = match &self.exec {
+            Exec::Own(d) => match d.call(&self.inner, msg, timeout)? {
                 Call::Answered(m) => return Ok(*m),
-                Call::Waiting(started) => started,
+                Call::Waiting(started, left) => (started, left),
             },
-            Exec::Shared => self.inner.start(msg)?,
+            Exec::Shared => (self.inner.start(msg)?, timeout),
         };
-        let r = self.exec.block_on_timeout(started.exchange(), timeout);
-        Ok(*r??)
+        match self.exec.block_on_timeout(started.exchange(), left) {
+            Ok(r) => Ok(*r?),
+            // The timeout the caller gave, not what was left of it.
+            Err(Error::Timeout(_)) => Err(Error::Timeout(timeout)),
+            Err(e) => Err(e),
+        }
     }
 
     /// Sends any message with `oneway` set.

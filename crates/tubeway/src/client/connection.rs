@@ -260,6 +260,15 @@ async fn write_loop(flusher: impl std::future::Future<Output = io::Result<()>>, 
 }
 
 impl Reader {
+    /// Blocks this thread until the connection has bytes to read, for at
+    /// most `timeout`, outside the runtime (see
+    /// [`FrameReader::wait_readable`]); `false` when the time passed first
+    /// or the transport does not wait so.
+    pub(crate) fn wait_readable(&mut self, timeout: Duration) -> bool {
+        // A failure shows in the next read.
+        self.frames.wait_readable(timeout).unwrap_or(true)
+    }
+
     fn new(conn: Arc<Conn>, frames: FrameReader) -> Reader {
         // Made once: a fresh `cancelled()` per frame would register and
         // deregister a waiter every time.

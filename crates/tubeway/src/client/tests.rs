@@ -1015,10 +1015,10 @@ where
 }
 
 /// A lone blocking call reads its answer on its own thread, unregistered,
-/// while its reader spins; what the broker sends before the answer is
-/// still routed (a ping is answered), and a call whose answer comes after
-/// the spin, or never, ends as any other. With a reader that does not spin
-/// (and so registers every call) the same holds.
+/// whether its reader spins or sleeps on the socket; what the broker sends
+/// before the answer is still routed (a ping is answered), and a call
+/// whose answer comes after the spin, or never, ends as any other, within
+/// its one timeout.
 #[test]
 fn a_lone_blocking_call_routes_what_comes_before_its_answer() {
     for wait in [Some(WaitStrategy::default()), Some(WaitStrategy::PARK)] {
@@ -1050,8 +1050,16 @@ fn lone_blocking_calls(options: ClientOptions) {
         let call = peer.recv().await;
         tokio::time::sleep(Duration::from_millis(50)).await;
         peer.echo(&call).await;
-        // Never answered.
+        // Never answered; two pings meanwhile, for which a caller reading
+        // its own answer stops waiting on the socket and registers.
         let _ = peer.recv().await;
+        for _ in 0..2 {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            peer.send(&Message::new(MessageType::Ping)).await;
+        }
+        for _ in 0..2 {
+            assert_eq!(peer.recv().await.r#type, MessageType::Response);
+        }
         peer.expect_eof().await;
     });
     let conn = client.as_async().conn_arc();
@@ -1069,12 +1077,47 @@ fn lone_blocking_calls(options: ClientOptions) {
     let unanswered = Message::plain_text("never")
         .with_type(MessageType::Request)
         .with_destination("echo");
-    assert!(matches!(
-        client.request_timeout(unanswered, Duration::from_millis(50)),
-        Err(Error::Timeout(_))
-    ));
+    // The wait on the socket and the registered wait after it share the
+    // one timeout.
+    let timeout = Duration::from_millis(400);
+    let started = std::time::Instant::now();
+    let e = client.request_timeout(unanswered, timeout).unwrap_err();
+    assert!(matches!(e, Error::Timeout(t) if t == timeout), "{e:?}");
+    let waited = started.elapsed();
+    assert!(waited >= timeout && waited < timeout * 3 / 2, "{waited:?}");
     assert_eq!(conn.pending_len(), 0, "the timed-out call is forgotten");
     // The last handles run the writer to the end of the stream.
+    drop((client, conn));
+    broker.block_on(within(served)).unwrap();
+}
+
+/// A lone blocking call whose reader sleeps waits for its answer on the
+/// socket itself, not registered for it (the wait a hand-written
+/// ping-pong makes), and gets it.
+#[test]
+fn a_lone_blocking_call_with_a_sleeping_reader_waits_on_the_socket() {
+    let options = ClientOptions {
+        wait: Some(WaitStrategy::PARK),
+        ..ClientOptions::default()
+    };
+    let (asked, request_seen) = std::sync::mpsc::channel();
+    let (answer, may_answer) = tokio::sync::oneshot::channel();
+    let (client, broker, served) = blocking_pair(options, |mut peer| async move {
+        let call = peer.recv().await;
+        asked.send(()).unwrap();
+        may_answer.await.unwrap();
+        peer.echo(&call).await;
+        peer.expect_eof().await;
+    });
+    let conn = client.as_async().conn_arc();
+    std::thread::scope(|s| {
+        let call = s.spawn(|| client.send("echo", Message::plain_text("x")));
+        request_seen.recv_timeout(STEP).unwrap();
+        assert_eq!(conn.pending_len(), 0, "the call is not registered");
+        answer.send(()).unwrap();
+        let reply = call.join().unwrap().unwrap();
+        assert_eq!(reply.text_payload().unwrap(), "x");
+    });
     drop((client, conn));
     broker.block_on(within(served)).unwrap();
 }
@@ -1083,21 +1126,23 @@ fn lone_blocking_calls(options: ClientOptions) {
 /// fails at once with the reason.
 #[test]
 fn a_lone_blocking_call_fails_when_the_connection_dies() {
-    let options = ClientOptions {
-        wait: Some(WaitStrategy::default()),
-        ..ClientOptions::default()
-    };
-    let (client, broker, served) = blocking_pair(options, |mut peer| async move {
-        let _ = peer.recv().await;
-        drop(peer);
-    });
-    let started = std::time::Instant::now();
-    let e = client
-        .send_timeout("echo", Message::plain_text("x"), STEP)
-        .unwrap_err();
-    assert!(matches!(e, Error::ConnectionClosed(_)), "{e:?}");
-    assert!(started.elapsed() < STEP);
-    broker.block_on(within(served)).unwrap();
+    for wait in [WaitStrategy::default(), WaitStrategy::PARK] {
+        let options = ClientOptions {
+            wait: Some(wait),
+            ..ClientOptions::default()
+        };
+        let (client, broker, served) = blocking_pair(options, |mut peer| async move {
+            let _ = peer.recv().await;
+            drop(peer);
+        });
+        let started = std::time::Instant::now();
+        let e = client
+            .send_timeout("echo", Message::plain_text("x"), STEP)
+            .unwrap_err();
+        assert!(matches!(e, Error::ConnectionClosed(_)), "{e:?}");
+        assert!(started.elapsed() < STEP);
+        broker.block_on(within(served)).unwrap();
+    }
 }
 
 /// A call begun without registering keeps its id: another call of the
