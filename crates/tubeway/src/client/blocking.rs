@@ -322,8 +322,6 @@ impl Driver {
         // The runtime's context, for what routing other messages starts;
         // entered once the request is out, while the broker works on it.
         let _context = self.rt().enter();
-        // Unless the frame waits for the writer's task, which only the
-        // runtime runs.
         let sleeps = !client.wait_strategy().spins();
         // A sleeping reader waits until the call's deadline: a shorter wait
         // of its own would cost more than the round trip (arming the CPU's
@@ -333,6 +331,8 @@ impl Driver {
             .then(|| Instant::now().checked_add(timeout))
             .flatten();
         let left = || deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
+        // Unless the frame waits for the writer's task, which only the
+        // runtime runs.
         if unsent.is_none() && !self.write_backlog() {
             let mut cx = Context::from_waker(&self.spinning);
             // Twice: for a spinning reader that yields once before it spins;
