@@ -132,6 +132,15 @@ pub struct Bystander {
 }
 
 impl Bystander {
+    /// Closes the bystander and waits until the broker has let it go, and
+    /// the clients [`others_still_served`](Self::others_still_served) made:
+    /// `left` connections remain. Closing is asynchronous, so a count taken
+    /// right after it may still include them.
+    pub async fn leave(self, fx: &Fixture, left: u64, what: &str) {
+        self.client.close().await;
+        fx.wait_connections(left, what).await;
+    }
+
     pub async fn connect(target: &Target) -> Bystander {
         let client = bounded(
             "bystander connect",
