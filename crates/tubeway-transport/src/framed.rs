@@ -132,13 +132,14 @@ impl FrameReader {
         !self.buf.is_empty() || self.recycling.is_some()
     }
 
-    /// Blocks this thread until the stream has bytes to read, for at most
-    /// `timeout`, without the runtime: for a thread with nothing else to do
-    /// (a blocking call waiting for its answer), which is then woken by the
-    /// kernel alone. `Ok(false)` when the time passed first, and at once on
-    /// shared memory (whose readers spin). Poll [`next`](Self::next) after.
-    pub fn wait_readable(&mut self, timeout: std::time::Duration) -> io::Result<bool> {
-        let readable = self.reader.wait_readable(timeout)?;
+    /// Blocks this thread until the stream may have bytes to read, or
+    /// `deadline` passes, without the runtime: for a thread with nothing
+    /// else to do (a blocking call waiting for its answer), which is then
+    /// woken by the kernel alone. False, without sleeping, once `deadline`
+    /// has passed, and on shared memory (whose readers spin). Poll
+    /// [`next`](Self::next) after: it then asks the kernel itself.
+    pub fn wait_readable(&mut self, deadline: Option<Instant>) -> io::Result<bool> {
+        let readable = self.reader.wait_readable(deadline)?;
         self.spin.readable = readable;
         Ok(readable)
     }
@@ -1083,20 +1084,18 @@ mod tests {
             let (server, client) = pair(url).await;
             let (writer, _flusher) = FrameWriter::new(client.writer);
             let mut r = FrameReader::new(server.reader, 1 << 20);
-            assert!(
-                !r.wait_readable(std::time::Duration::from_millis(20))
-                    .unwrap(),
-                "{url}"
-            );
+            // Nothing comes: woken by the deadline; once it has passed, no
+            // sleep at all.
+            let soon = Instant::now() + std::time::Duration::from_millis(20);
+            assert!(r.wait_readable(Some(soon)).unwrap(), "{url}");
+            assert!(Instant::now() >= soon, "{url}");
+            assert!(!r.wait_readable(Some(soon)).unwrap(), "{url}");
             let m = Message::plain_text("woke");
             writer
                 .send(codec::encode(&m, 1 << 20).unwrap())
                 .await
                 .unwrap();
-            assert!(
-                r.wait_readable(std::time::Duration::from_secs(5)).unwrap(),
-                "{url}"
-            );
+            assert!(r.wait_readable(None).unwrap(), "{url}");
             // Polled once, without the runtime having had a turn.
             let mut cx = Context::from_waker(std::task::Waker::noop());
             let polled = std::future::Future::poll(std::pin::pin!(r.next()), &mut cx);
@@ -1109,7 +1108,7 @@ mod tests {
         }
         let (server, _client) = pair(&shm_url("wait")).await;
         let mut r = FrameReader::new(server.reader, 1 << 20);
-        assert!(!r.wait_readable(std::time::Duration::from_secs(5)).unwrap());
+        assert!(!r.wait_readable(None).unwrap());
     }
 
     /// A peer that stops reading fills the queue; senders then wait instead of

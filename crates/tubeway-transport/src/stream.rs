@@ -228,30 +228,18 @@ impl ReadHalf {
         }
     }
 
-    /// Blocks this thread until the stream has bytes to read (or has ended
-    /// or failed), for at most `timeout`, outside the runtime's reactor:
-    /// `Ok(false)` when the time passed first, and at once on shared memory,
-    /// which waits by its own means. Read with
-    /// [`try_read_now`](Self::try_read_now) next: the reactor has not seen
-    /// what woke this.
-    pub fn wait_readable(&self, timeout: std::time::Duration) -> io::Result<bool> {
-        let ReadInner::Socket(s) = &self.inner else {
-            return Ok(false);
-        };
-        // A timeout too long for the kernel is as good as none.
-        let timeout =
-            rustix::event::Timespec::try_from(timeout).unwrap_or(rustix::event::Timespec {
-                tv_sec: i64::MAX,
-                tv_nsec: 0,
-            });
-        let mut fds = [rustix::event::PollFd::from_borrowed_fd(
-            s.fd(),
-            rustix::event::PollFlags::IN,
-        )];
-        match rustix::event::poll(&mut fds, Some(&timeout)) {
-            Ok(n) => Ok(n > 0),
-            Err(Errno::INTR) => Ok(false),
-            Err(e) => Err(e.into()),
+    /// Blocks this thread until the stream may have bytes to read (or has
+    /// ended or failed), `deadline` passes or a signal comes, outside the
+    /// runtime's reactor; then read with [`try_read_now`](Self::try_read_now),
+    /// since the reactor has not seen what woke this. False, without
+    /// sleeping, once `deadline` has passed, and on shared memory, which
+    /// waits by its own means.
+    pub fn wait_readable(&self, deadline: Option<std::time::Instant>) -> io::Result<bool> {
+        match &self.inner {
+            ReadInner::Socket(s) => {
+                crate::wait::poll_until(s.fd(), rustix::event::PollFlags::IN, deadline)
+            }
+            ReadInner::Shm(_) => Ok(false),
         }
     }
 

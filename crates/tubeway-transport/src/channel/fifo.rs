@@ -28,8 +28,9 @@ use rustix::event::PollFlags;
 use rustix::fs::{FileType, Mode, OFlags, CWD};
 use rustix::io::Errno;
 
-use super::stream::{self, poll_until};
+use super::stream;
 use super::{AcceptError, ChannelOptions, ConnectError, Duplex};
+use crate::wait::poll_until;
 
 /// What a request starts with; then the connection's id, zero-padded.
 const REQUEST_MAGIC: [u8; 8] = *b"TWFIFO\x02\x00";

@@ -12,13 +12,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rustix::event::{PollFd, PollFlags};
+use rustix::event::PollFlags;
 use rustix::io::Errno;
 
 use super::{
     strategy, AcceptError, ChannelOptions, ConnectError, Duplex, Reader, ReaderInner, Received,
     ReceivedInner, RecvError, SendError, TrySendError, Writer, WriterInner,
 };
+use crate::wait::poll_until;
 use crate::{Url, WaitStrategy};
 
 /// Length prefix of a message.
@@ -174,32 +175,6 @@ fn wait_fd(
         return Ok(true);
     }
     poll_until(fd, flags, deadline)
-}
-
-/// Sleeps in `poll` until `fd` may be ready for `flags`, `deadline` passes
-/// (never, for `None`) or a signal comes; false, without sleeping, when
-/// `deadline` has passed already. The caller then tries its operation.
-pub(super) fn poll_until(
-    fd: &OwnedFd,
-    flags: PollFlags,
-    deadline: Option<Instant>,
-) -> io::Result<bool> {
-    let now = Instant::now();
-    if deadline.is_some_and(|d| now >= d) {
-        return Ok(false);
-    }
-    let timeout = deadline.map(|d| {
-        let left = d.saturating_duration_since(now);
-        rustix::event::Timespec::try_from(left).unwrap_or(rustix::event::Timespec {
-            tv_sec: i64::MAX,
-            tv_nsec: 0,
-        })
-    });
-    let mut fds = [PollFd::new(fd, flags)];
-    match rustix::event::poll(&mut fds, timeout.as_ref()) {
-        Ok(_) | Err(Errno::INTR) => Ok(true),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// Sends on a stream.

@@ -142,12 +142,12 @@ impl Held<'_> {
         self.poll_for(cx, Some(id))
     }
 
-    /// Blocks until the connection has bytes to read, for at most `timeout`
-    /// (see [`Reader::wait_readable`]).
-    fn wait_readable(&mut self, timeout: Duration) -> bool {
+    /// Blocks until the connection may have bytes to read, or `deadline`
+    /// passes (see [`Reader::wait_readable`]).
+    fn wait_readable(&mut self, deadline: Option<Instant>) -> bool {
         self.reader
             .as_mut()
-            .is_some_and(|r| r.wait_readable(timeout))
+            .is_some_and(|r| r.wait_readable(deadline))
     }
 
     fn poll_for(&mut self, cx: &mut Context<'_>, id: Option<Uuid>) -> Poll<Option<Box<Message>>> {
@@ -339,7 +339,7 @@ impl Driver {
             // for a sleeping one, a second wait is for the rest of a large
             // answer or for the answer after another message.
             for _ in 0..2 {
-                if sleeps && (self.write_backlog() || !held.wait_readable(left())) {
+                if sleeps && (self.write_backlog() || !held.wait_readable(deadline)) {
                     if left().is_zero() {
                         return Err(Error::Timeout(timeout));
                     }

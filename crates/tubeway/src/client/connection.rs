@@ -15,7 +15,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{ready, Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -260,13 +260,13 @@ async fn write_loop(flusher: impl std::future::Future<Output = io::Result<()>>, 
 }
 
 impl Reader {
-    /// Blocks this thread until the connection has bytes to read, for at
-    /// most `timeout`, outside the runtime (see
-    /// [`FrameReader::wait_readable`]); `false` when the time passed first
-    /// or the transport does not wait so.
-    pub(crate) fn wait_readable(&mut self, timeout: Duration) -> bool {
+    /// Blocks this thread until the connection may have bytes to read, or
+    /// `deadline` passes, outside the runtime (see
+    /// [`FrameReader::wait_readable`]); false once `deadline` has passed or
+    /// when the transport does not wait so.
+    pub(crate) fn wait_readable(&mut self, deadline: Option<Instant>) -> bool {
         // A failure shows in the next read.
-        self.frames.wait_readable(timeout).unwrap_or(true)
+        self.frames.wait_readable(deadline).unwrap_or(true)
     }
 
     fn new(conn: Arc<Conn>, frames: FrameReader) -> Reader {
