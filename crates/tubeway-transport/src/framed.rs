@@ -592,6 +592,13 @@ impl FrameWriter {
         self.handle.shared.close();
     }
 
+    /// Ends the stream's read direction, for a connection whose reader
+    /// stops: a thread asleep reading it (in [`FrameReader::wait_readable`])
+    /// wakes and reads end of stream. Writing is not affected.
+    pub fn stop_reading(&self) {
+        self.handle.shared.io.stop_reading();
+    }
+
     /// Whether frames are queued or being written: the flusher has work.
     pub fn has_backlog(&self) -> bool {
         let s = self.handle.shared.lock();

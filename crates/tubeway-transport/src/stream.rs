@@ -359,6 +359,17 @@ impl WriteHalf {
         }
     }
 
+    /// Ends the read direction: a thread asleep reading the stream wakes
+    /// and reads end of stream (see [`crate::FrameWriter::stop_reading`]).
+    /// Nothing to do on shared memory, whose readers do not sleep so.
+    pub fn stop_reading(&self) {
+        if let WriteInner::Socket(s) = &self.inner {
+            // Fails only on a socket no longer connected, whose readers
+            // that wakes already.
+            let _ = rustix::net::shutdown(s.fd(), rustix::net::Shutdown::Read);
+        }
+    }
+
     /// Ends the write direction: the peer reads end of stream once it has
     /// read everything written before.
     pub fn shutdown(&self) -> io::Result<()> {

@@ -742,6 +742,9 @@ impl Conn {
             )
         };
         self.writer.close();
+        // A blocking call asleep on the socket for its answer (unregistered,
+        // so not among `pending`) wakes and fails too.
+        self.writer.stop_reading();
         // Dropped outside the lock: waking waiters must not contend on it.
         drop((pending, subscriptions, workers));
         self.stopping.store(true, Ordering::Release);

@@ -1122,6 +1122,40 @@ fn a_lone_blocking_call_with_a_sleeping_reader_waits_on_the_socket() {
     broker.block_on(within(served)).unwrap();
 }
 
+/// Closing the client (from another thread) fails a lone call asleep on
+/// the socket at once, although the broker neither answers nor closes.
+#[test]
+fn closing_the_client_fails_a_lone_call_asleep_on_the_socket() {
+    let options = ClientOptions {
+        wait: Some(WaitStrategy::PARK),
+        ..ClientOptions::default()
+    };
+    let (asked, request_seen) = std::sync::mpsc::channel();
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let (client, broker, served) = blocking_pair(options, |mut peer| async move {
+        let _ = peer.recv().await;
+        asked.send(()).unwrap();
+        peer.expect_eof().await;
+        // The connection stays open until the test has its answer.
+        let _ = released.await;
+    });
+    std::thread::scope(|s| {
+        let call = s.spawn(|| {
+            let started = std::time::Instant::now();
+            let r = client.send_timeout("echo", Message::plain_text("x"), STEP * 4);
+            (r, started.elapsed())
+        });
+        request_seen.recv_timeout(STEP).unwrap();
+        client.close().unwrap();
+        let (r, waited) = call.join().unwrap();
+        assert!(matches!(r, Err(Error::ConnectionClosed(_))), "{r:?}");
+        assert!(waited < STEP, "{waited:?}");
+    });
+    release.send(()).unwrap();
+    drop(client);
+    broker.block_on(within(served)).unwrap();
+}
+
 /// A blocking call whose connection dies while it reads its own answer
 /// fails at once with the reason.
 #[test]
