@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use crate::error::{Corrupt, ReadError, ReadMessageError, TryReadError};
 use crate::producer::check_indices;
-use crate::record::{self, FLAG_MORE, FLAG_PADDING, KNOWN_FLAGS};
+use crate::record::{self, FLAG_MORE, FLAG_PADDING, FLAG_PUBLISHED, KNOWN_FLAGS};
 use crate::ring::Ring;
 use crate::sync::{fence, Ordering};
 use crate::wait::{self, Doorbell, Sleeper, WaitStrategy, Wake, DOORBELL, FUTEX};
@@ -17,8 +17,9 @@ use crate::wait::{self, Doorbell, Sleeper, WaitStrategy, Wake, DOORBELL, FUTEX};
 ///
 /// Borrows each record in place ([`Record`]) and releases it when done. The
 /// head index it publishes is kept in this process and only ever stored to
-/// shared memory; the writer's tail and every record header are read from
-/// it once and validated. Dropping the consumer closes it.
+/// shared memory; it finds records by polling the word at its head, and
+/// reads every record header once and validates it. Dropping the consumer
+/// closes it.
 ///
 /// One thread reads at a time; it is not `Sync`:
 ///
@@ -49,17 +50,11 @@ struct Found {
 
 impl Consumer {
     pub(crate) fn new(ring: Ring) -> Result<Consumer, Corrupt> {
-        let header = ring.header();
-        let head = header.consumer.head.load(Ordering::Acquire);
-        let tail = header.producer.tail.load(Ordering::Acquire);
-        check_indices(head, tail, ring.capacity())?;
+        let head = ring.header().consumer.head.load(Ordering::Acquire);
+        check_indices(head, head, ring.capacity())?;
         Ok(Consumer {
             ring,
-            cursor: Cursor {
-                head,
-                tail: head,
-                taken: 0,
-            },
+            cursor: Cursor { head, taken: 0 },
             closed: false,
             doorbell: None,
             _not_sync: PhantomData,
@@ -297,7 +292,7 @@ impl Drop for Consumer {
 }
 
 /// Whether the writer closed or its process was declared dead. Acquire: a
-/// closed writer's last tail is visible after this returns true.
+/// closed writer's last record is visible after this returns true.
 fn writer_gone(ring: &Ring) -> bool {
     ring.header().producer.closed.load(Ordering::Acquire) != 0 || ring.peer_dead()
 }
@@ -308,9 +303,6 @@ struct Cursor {
     /// Bytes ever released; the authoritative copy, only ever stored to
     /// shared memory.
     head: u64,
-    /// The writer's tail as last read and validated, so that its line is
-    /// read only when everything up to it has been read.
-    tail: u64,
     /// Bytes of the record at the head already read as a byte stream.
     taken: u64,
 }
@@ -325,10 +317,9 @@ impl Cursor {
         if let Some(found) = self.next(ring)? {
             return Ok(Some(self.skip_taken(found)?));
         }
-        // Look at the closed flag before the tail: if it is set, the tail
-        // read after it is the writer's last.
+        // Look at the closed flag, then at the head again: if the flag is
+        // set, what is read after it is all the writer published.
         let gone = writer_gone(ring);
-        self.refresh_tail(ring)?;
         match self.next(ring)? {
             Some(found) => Ok(Some(self.skip_taken(found)?)),
             None if gone => Err(TryReadError::Closed),
@@ -353,35 +344,18 @@ impl Cursor {
         })
     }
 
-    /// Re-reads the writer's tail, validated.
-    fn refresh_tail(&mut self, ring: &Ring) -> Result<(), Corrupt> {
-        // Read once into a local.
-        let tail = ring.header().producer.tail.load(Ordering::Acquire);
-        check_indices(self.head, tail, ring.capacity())?;
-        // Going backwards would un-publish records.
-        if tail < self.tail {
-            return Err(Corrupt::Indices {
-                head: self.head,
-                tail,
-                capacity: ring.capacity(),
-            });
-        }
-        self.tail = tail;
-        Ok(())
-    }
-
-    /// The record at the head, if the known tail covers one; validated.
+    /// The record at the head, if one is published; validated.
     fn next(&self, ring: &Ring) -> Result<Option<Found>, Corrupt> {
         let capacity = ring.capacity();
-        let readable = self.tail - self.head;
-        if readable == 0 {
+        let pos = self.head & (capacity - 1);
+        let word = ring.load_record_header(pos);
+        if word == 0 {
             return Ok(None);
         }
-        let pos = self.head & (capacity - 1);
-        let (len, flags) = record::decode(ring.load_record_header(pos));
+        let (len, flags) = record::decode(word);
         check_flags(self.head, flags)?;
         if flags & FLAG_PADDING == 0 {
-            return check_record(self.head, pos, len, flags, readable, capacity).map(Some);
+            return check_record(self.head, pos, len, flags, capacity).map(Some);
         }
         // Padding runs exactly to the end of the area, and is never needed
         // at its start.
@@ -389,49 +363,45 @@ impl Cursor {
         if pos == 0 || len + record::HEADER != pad {
             return Err(Corrupt::Padding { at: self.head, len });
         }
-        if pad > readable {
-            return Err(Corrupt::Length {
-                at: self.head,
-                len,
-                readable,
-            });
-        }
-        if pad == readable {
+        let at = self.head + pad;
+        // Ordered after the padding's header, which published it.
+        let word = ring.load_record_header(0);
+        if word == 0 {
             // Padding published on its own: the record is still to come.
             return Ok(None);
         }
-        let at = self.head + pad;
-        let (len, flags) = record::decode(ring.load_record_header(0));
+        let (len, flags) = record::decode(word);
         check_flags(at, flags)?;
         if flags & FLAG_PADDING != 0 {
             return Err(Corrupt::Padding { at, len });
         }
-        check_record(at, 0, len, flags, readable - pad, capacity).map(Some)
+        check_record(at, 0, len, flags, capacity).map(Some)
     }
 }
 
-/// Flags must be known, and padding is never a fragment.
+/// Flags must be known and mark a published header, and padding is never a
+/// fragment.
 fn check_flags(at: u64, flags: u32) -> Result<(), Corrupt> {
-    if flags & !KNOWN_FLAGS != 0 || flags == FLAG_PADDING | FLAG_MORE {
+    let padding_fragment = FLAG_PADDING | FLAG_MORE;
+    if flags & !KNOWN_FLAGS != 0
+        || flags & FLAG_PUBLISHED == 0
+        || flags & padding_fragment == padding_fragment
+    {
         return Err(Corrupt::Flags { at, flags });
     }
     Ok(())
 }
 
 /// A record of `len` bytes at index `at` (data offset `pos`) must be no
-/// larger than a record can be, and lie within the readable bytes and the
-/// data area.
-fn check_record(
-    at: u64,
-    pos: u64,
-    len: u64,
-    flags: u32,
-    readable: u64,
-    capacity: u64,
-) -> Result<Found, Corrupt> {
+/// larger than a record can be, and lie within the data area.
+fn check_record(at: u64, pos: u64, len: u64, flags: u32, capacity: u64) -> Result<Found, Corrupt> {
     let size = record::size(len);
-    if len > record::max_payload(capacity) || size > readable || pos + size > capacity {
-        return Err(Corrupt::Length { at, len, readable });
+    if len > record::max_payload(capacity) || pos + size > capacity {
+        return Err(Corrupt::Length {
+            at,
+            len,
+            readable: capacity - pos,
+        });
     }
     Ok(Found {
         pos: pos + record::HEADER,

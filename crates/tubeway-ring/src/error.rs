@@ -158,16 +158,17 @@ pub enum Corrupt {
         /// Its flags.
         flags: u32,
     },
-    /// A record is longer than a record can be, or runs past the published
-    /// tail or the end of the data area, or has become shorter than the part
-    /// of it already read as a byte stream.
+    /// A record is longer than a record can be, or runs past the end of the
+    /// data area, or has become shorter than the part of it already read as
+    /// a byte stream.
     #[error("record at index {at} of {len} bytes does not fit (readable {readable})")]
     Length {
         /// Where the record is.
         at: u64,
         /// Its payload length.
         len: u64,
-        /// Bytes readable from `at`.
+        /// Bytes from `at` to the end of the data area, or of the record
+        /// already read as a byte stream.
         readable: u64,
     },
     /// A padding record that does not run exactly to the end of the data

@@ -25,7 +25,7 @@ pub(crate) const LINE: usize = 128;
 pub(crate) const DATA_ALIGN: usize = 4096;
 
 /// The version of every layout in this file. A reader refuses any other.
-pub(crate) const LAYOUT_VERSION: u32 = 2;
+pub(crate) const LAYOUT_VERSION: u32 = 3;
 
 /// `TWREGION` as it appears in memory.
 pub(crate) const REGION_MAGIC: u64 = u64::from_ne_bytes(*b"TWREGION");
@@ -85,7 +85,8 @@ unsafe impl SharedLayout for RegionHeader {}
 pub(crate) struct RingHeader {
     /// Written once, by the creator.
     pub meta: RingMeta,
-    /// Written by the producer (and, to wake it, by the consumer).
+    /// Written by the producer to sleep or close (and, to wake it, by the
+    /// consumer).
     pub producer: ProducerLine,
     /// Written by the consumer for every record it releases.
     pub consumer: ConsumerLine,
@@ -109,12 +110,14 @@ pub(crate) struct RingMeta {
     pub capacity: StdAtomicU64,
 }
 
-/// The producer's line.
+/// The producer's line, written only to sleep or close (and, to wake it,
+/// by the consumer): the consumer reads it for every record it releases.
+///
+/// There is no shared tail: each record header publishes its record (see
+/// `record.rs`), so a reader never reads an index in another line first.
 #[repr(C, align(128))]
 #[derive(Debug)]
 pub(crate) struct ProducerLine {
-    /// Bytes ever published: records in `[head, tail)` are readable.
-    pub tail: AtomicU64,
     /// While `writer_waiting` is set: the head at which the writer's next
     /// record fits, so the consumer wakes it only when that much is free.
     pub writer_wake_at: AtomicU64,
@@ -154,7 +157,6 @@ impl RingHeader {
                 capacity: StdAtomicU64::new(capacity),
             },
             producer: ProducerLine {
-                tail: AtomicU64::new(0),
                 writer_wake_at: AtomicU64::new(0),
                 writer_waiting: AtomicU32::new(0),
                 closed: AtomicU32::new(0),
@@ -321,10 +323,9 @@ const _: () = {
     assert!(offset_of!(RingHeader, producer) == LINE);
     assert!(offset_of!(RingHeader, consumer) == 2 * LINE);
     assert!(size_of::<ProducerLine>() == LINE);
-    assert!(offset_of!(ProducerLine, tail) == 0);
-    assert!(offset_of!(ProducerLine, writer_wake_at) == 8);
-    assert!(offset_of!(ProducerLine, writer_waiting) == 16);
-    assert!(offset_of!(ProducerLine, closed) == 20);
+    assert!(offset_of!(ProducerLine, writer_wake_at) == 0);
+    assert!(offset_of!(ProducerLine, writer_waiting) == 8);
+    assert!(offset_of!(ProducerLine, closed) == 12);
     assert!(size_of::<ConsumerLine>() == LINE);
     assert!(offset_of!(ConsumerLine, head) == 0);
     assert!(offset_of!(RingHeader, reader) == 3 * LINE);

@@ -13,10 +13,11 @@ use crate::wait::{self, Doorbell, Sleeper, WaitStrategy, Wake, DOORBELL, FUTEX};
 
 /// The writing end of a ring: one per ring, `Send` but not `Sync`.
 ///
-/// Writes records (each a sequence of bytes with an end) into the ring. The
-/// tail index it publishes is kept in this process and only ever stored to
-/// shared memory; the reader's head is read from it and validated on every
-/// read. Dropping the producer closes it.
+/// Writes records (each a sequence of bytes with an end) into the ring. Its
+/// tail index is kept in this process: each record's header publishes the
+/// record, and the word after the last record is kept zero. The reader's
+/// head is read from shared memory and validated on every read. Dropping
+/// the producer closes it.
 ///
 /// One thread writes at a time; it is not `Sync`:
 ///
@@ -46,10 +47,11 @@ struct Slot {
 
 impl Producer {
     pub(crate) fn new(ring: Ring) -> Result<Producer, Corrupt> {
-        let header = ring.header();
-        let tail = header.producer.tail.load(Ordering::Acquire);
-        let head = header.consumer.head.load(Ordering::Acquire);
-        check_indices(head, tail, ring.capacity())?;
+        // A ring's ends are taken once, so its writer starts where its
+        // reader is: at the zero word of a fresh data area.
+        let head = ring.header().consumer.head.load(Ordering::Acquire);
+        check_indices(head, head, ring.capacity())?;
+        let tail = head;
         Ok(Producer {
             ring,
             cursor: Cursor { tail, head },
@@ -82,12 +84,13 @@ impl Producer {
 
     /// Free bytes in the ring now (0 if the reader's index is corrupt). A
     /// record needs 8 bytes of header and padding to 8 bytes, and possibly
-    /// a padding record before it.
+    /// a padding record before it; the 8 bytes always kept free after the
+    /// last record are not counted.
     pub fn free(&self) -> usize {
         let head = self.ring.header().consumer.head.load(Ordering::Acquire);
         let tail = self.cursor.tail;
         match check_indices(head, tail, self.ring.capacity()) {
-            Ok(()) => (self.ring.capacity() - (tail - head)) as usize,
+            Ok(()) => free_space(head, tail, self.ring.capacity()) as usize,
             Err(_) => 0,
         }
     }
@@ -283,34 +286,42 @@ impl Producer {
         )
     }
 
-    /// Writes `slot`: padding if any, the record header, `slot.len` bytes of
-    /// `parts` from `skip` on; publishes the new tail and wakes the reader
-    /// if it sleeps.
+    /// Writes `slot`: `slot.len` bytes of `parts` from `skip` on, a zero
+    /// word after them, then the record header (and the padding's before
+    /// it, if any), which publishes the record; wakes the reader if it
+    /// sleeps.
     fn commit(&mut self, slot: Slot, parts: &[&[u8]], skip: usize, flags: u32) -> Wake {
         let capacity = self.ring.capacity();
-        let mut pos = slot.pos;
+        // After padding, the record starts the data area.
+        let at = if slot.pad > 0 { 0 } else { slot.pos };
+        let size = record::size(slot.len);
+        self.ring
+            .write_payload(at + record::HEADER, parts, skip, slot.len as usize);
+        // Where the reader looks once it has read this record: zero until
+        // the next record is published there. The space reserved free
+        // after every record is this word.
+        self.ring
+            .store_record_header((at + size) & (capacity - 1), 0);
+        // At most half the capacity, so it fits in 32 bits.
+        let len32 = u32::try_from(slot.len).unwrap_or(u32::MAX);
+        let header = record::encode(len32, flags);
         if slot.pad > 0 {
+            // Published by the padding's header, stored after it.
+            self.ring.store_record_header(at, header);
             // Less than a record, so it fits in 32 bits.
             let pad_len = u32::try_from(slot.pad - record::HEADER).unwrap_or(u32::MAX);
             self.ring
-                .store_record_header(pos, record::encode(pad_len, FLAG_PADDING));
-            pos = (pos + slot.pad) & (capacity - 1);
+                .publish_record_header(slot.pos, record::encode(pad_len, FLAG_PADDING));
+        } else {
+            self.ring.publish_record_header(at, header);
         }
-        // At most half the capacity, so it fits in 32 bits.
-        let len32 = u32::try_from(slot.len).unwrap_or(u32::MAX);
-        self.ring
-            .store_record_header(pos, record::encode(len32, flags));
-        self.ring
-            .write_payload(pos + record::HEADER, parts, skip, slot.len as usize);
-        self.cursor.tail += slot.pad + record::size(slot.len);
-        let header = self.ring.header();
-        header
-            .producer
-            .tail
-            .store(self.cursor.tail, Ordering::Release);
+        self.cursor.tail += slot.pad + size;
         // The publisher's half of the Dekker pair (see wait.rs).
         fence(Ordering::SeqCst);
-        wait::wake(&header.reader.reader_waiting, self.doorbell.as_ref())
+        wait::wake(
+            &self.ring.header().reader.reader_waiting,
+            self.doorbell.as_ref(),
+        )
     }
 }
 
@@ -360,15 +371,15 @@ impl Cursor {
 
     /// The reader's head at which a record of `len` bytes fits.
     fn wake_at(&self, ring: &Ring, len: u64) -> u64 {
-        (self.tail + self.space_needed(ring, len)).saturating_sub(ring.capacity())
+        (self.tail + self.space_needed(ring, len) + record::RESERVE).saturating_sub(ring.capacity())
     }
 
     /// A slot for exactly `len` bytes, if it fits now.
     fn reserve(&mut self, ring: &Ring, len: u64) -> Result<Option<Slot>, Corrupt> {
         let need = self.space_needed(ring, len);
-        if self.tail + need - self.head > ring.capacity() {
+        if need > free_space(self.head, self.tail, ring.capacity()) {
             self.refresh_head(ring)?;
-            if self.tail + need - self.head > ring.capacity() {
+            if need > free_space(self.head, self.tail, ring.capacity()) {
                 return Ok(None);
             }
         }
@@ -384,7 +395,7 @@ impl Cursor {
         }
         // `reserve` has just refreshed the head.
         let capacity = ring.capacity();
-        let free = capacity - (self.tail - self.head);
+        let free = free_space(self.head, self.tail, capacity);
         let pos = self.tail & (capacity - 1);
         let to_end = capacity - pos;
         let straight = free.min(to_end);
@@ -416,6 +427,12 @@ impl Cursor {
         self.head = head;
         Ok(())
     }
+}
+
+/// Bytes a writer at `tail` may fill: the ring's free space less the zero
+/// word kept after the last record. `head` and `tail` are checked.
+fn free_space(head: u64, tail: u64, capacity: u64) -> u64 {
+    (capacity - (tail - head)).saturating_sub(record::RESERVE)
 }
 
 /// Checks a (head, tail) pair read from shared memory: head not past tail,

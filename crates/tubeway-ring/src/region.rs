@@ -139,6 +139,10 @@ pub struct Region {
     peer_dead: [AtomicBool; 2],
     /// Per side: its ends were handed out.
     taken: [StdAtomicBool; 2],
+    /// Per ring, one atomic per word of its data area: what the record
+    /// headers are modelled by (see `Ring::word`).
+    #[cfg(loom)]
+    words: [Box<[crate::sync::AtomicU64]>; 2],
 }
 
 impl Region {
@@ -200,7 +204,20 @@ impl Region {
             rings,
             peer_dead: [AtomicBool::new(false), AtomicBool::new(false)],
             taken: [StdAtomicBool::new(false), StdAtomicBool::new(false)],
+            #[cfg(loom)]
+            words: rings.map(|ring| {
+                (0..ring.capacity / crate::record::HEADER)
+                    .map(|_| crate::sync::AtomicU64::new(0))
+                    .collect()
+            }),
         })
+    }
+
+    /// The modelled word at `pos` of the data area of the ring at `place`.
+    #[cfg(loom)]
+    pub(crate) fn loom_word(&self, place: &RingPlace, pos: u64) -> &crate::sync::AtomicU64 {
+        let ring = usize::from(place.data != self.rings[0].data);
+        &self.words[ring][(pos / crate::record::HEADER) as usize]
     }
 
     /// Opens a region from a memfd received from the creator.

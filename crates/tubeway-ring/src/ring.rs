@@ -9,6 +9,11 @@ use std::sync::Arc;
 use crate::layout::RingHeader;
 use crate::record;
 use crate::region::{Region, RingPlace, Side};
+#[cfg(loom)]
+use crate::sync::AtomicU64;
+use crate::sync::Ordering;
+#[cfg(not(loom))]
+use std::sync::atomic::AtomicU64;
 
 /// A ring of a region, kept alive by its `Arc<Region>`.
 #[derive(Debug)]
@@ -67,18 +72,48 @@ impl Ring {
         unsafe { self.place.data.as_ptr().add(pos as usize) }
     }
 
-    /// Reads the record header at `pos` (a multiple of 8) exactly once.
+    /// Reads the word at `pos` (a multiple of 8) exactly once, with
+    /// `Acquire`: a record header, which publishes the record's payload.
     pub(crate) fn load_record_header(&self, pos: u64) -> u64 {
-        let ptr = self.at(pos, record::HEADER).cast::<u64>();
-        assert!(ptr.is_aligned(), "record header misaligned at {pos}");
-        load_word(ptr)
+        self.word(pos).load(Ordering::Acquire)
     }
 
-    /// Writes the record header at `pos` (a multiple of 8).
+    /// Writes the word at `pos` (a multiple of 8) without publishing it: a
+    /// header that a later [`publish_record_header`](Ring::publish_record_header)
+    /// publishes, or the zero word after the last record.
     pub(crate) fn store_record_header(&self, pos: u64, word: u64) {
+        self.word(pos).store(word, Ordering::Relaxed);
+    }
+
+    /// Writes the header at `pos` with `Release`, publishing the record's
+    /// payload and everything stored before it.
+    pub(crate) fn publish_record_header(&self, pos: u64, word: u64) {
+        self.word(pos).store(word, Ordering::Release);
+    }
+
+    /// The word at `pos` of the data area, as an atomic, so that a
+    /// concurrent write by the peer yields some value to validate rather
+    /// than a torn or re-read one.
+    #[cfg(not(loom))]
+    fn word(&self, pos: u64) -> &AtomicU64 {
         let ptr = self.at(pos, record::HEADER).cast::<u64>();
         assert!(ptr.is_aligned(), "record header misaligned at {pos}");
-        store_word(ptr, word);
+        // SAFETY: aligned and inside the mapping (checked above), which
+        // lives as long as `self.region`; the words of a data area are only
+        // ever accessed by whole-word atomic operations or, as payload,
+        // after a header's Release/Acquire orders them.
+        unsafe { AtomicU64::from_ptr(ptr) }
+    }
+
+    /// Loom does not model plain memory: the words of the data area are
+    /// modelled by atomics of the region's own, one per word.
+    #[cfg(loom)]
+    fn word(&self, pos: u64) -> &AtomicU64 {
+        assert!(
+            pos % record::HEADER == 0,
+            "record header misaligned at {pos}"
+        );
+        self.region.loom_word(&self.place, pos)
     }
 
     /// Copies `len` bytes of the concatenated `parts`, from byte `skip` on,
@@ -109,41 +144,10 @@ impl Ring {
         let ptr = self.at(pos, len);
         // SAFETY: inside the mapping (checked by `at`), which lives as long
         // as `self.region`, so as long as the borrow of `self`. The bytes
-        // were published by the producer before the tail we acquired, and
+        // were published by the producer before the header we acquired, and
         // it will not write them until we release them: that is the
         // protocol a correct peer keeps. A peer that breaks it changes bytes
         // under this slice; see "Assumptions" in docs/shared-memory.md.
         unsafe { std::slice::from_raw_parts(ptr, len as usize) }
     }
-}
-
-/// Reads a record header word atomically, so that a concurrent write by the
-/// peer yields some value to validate rather than a torn or re-read one.
-#[cfg(not(loom))]
-fn load_word(ptr: *mut u64) -> u64 {
-    // SAFETY: aligned and inside the mapping (checked by the callers); this
-    // memory is only ever accessed by whole-word atomic operations or, as
-    // payload, after the head/tail handshake orders it.
-    unsafe { std::sync::atomic::AtomicU64::from_ptr(ptr) }
-        .load(std::sync::atomic::Ordering::Relaxed)
-}
-
-#[cfg(not(loom))]
-fn store_word(ptr: *mut u64, word: u64) {
-    // SAFETY: as in `load_word`.
-    unsafe { std::sync::atomic::AtomicU64::from_ptr(ptr) }
-        .store(word, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Loom does not model plain memory; its ordering comes from the indices.
-#[cfg(loom)]
-fn load_word(ptr: *mut u64) -> u64 {
-    // SAFETY: aligned and inside the mapping (checked by the callers).
-    unsafe { ptr.read_volatile() }
-}
-
-#[cfg(loom)]
-fn store_word(ptr: *mut u64, word: u64) {
-    // SAFETY: aligned and inside the mapping (checked by the callers).
-    unsafe { ptr.write_volatile(word) }
 }

@@ -1,4 +1,4 @@
-//! Model checks of the index and wake protocol with loom: every
+//! Model checks of the publishing and wake protocol with loom: every
 //! interleaving (up to a preemption bound) of a writer and a reader, each
 //! parking on the futex, must deliver every record, lose no wake-up (a lost
 //! one is a deadlock, which loom reports), and see the close.
@@ -36,7 +36,8 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
     builder.check(f);
 }
 
-/// The smallest ring: records of up to 24 bytes, two of them fill it.
+/// The smallest ring: records of up to 24 bytes; one of 24 and one of 16
+/// fill it (the last 8 bytes are the zero word after the last record).
 fn ends() -> (Arc<Region>, Producer, Consumer) {
     let region = Arc::new(Region::heap(&RingConfig::default().capacity(64)).unwrap());
     let (tx, _) = region.ends(Side::Creator).unwrap();
@@ -60,15 +61,44 @@ fn a_parked_reader_gets_every_record_then_the_close() {
     });
 }
 
+/// Headers publish records: after padding, the record at the start of the
+/// area, and after the last record, the zero word that covers an old header,
+/// are seen as written, never as left by the lap before.
+#[test]
+fn a_reader_never_takes_an_old_header_for_a_record() {
+    model(|| {
+        let (_region, mut tx, mut rx) = ends();
+        // The first lap leaves headers at 0 and 32.
+        let _ = tx.try_write(&[&[1; 24]]).unwrap(); // [0, 32)
+        let _ = tx.try_write(&[&[2; 16]]).unwrap(); // [32, 56)
+        assert_eq!(rx.try_read().unwrap().unwrap().len(), 24);
+        assert_eq!(rx.try_read().unwrap().unwrap().len(), 16);
+        let writer = thread::spawn(move || {
+            // Padding at 56, then [0, 16), then [16, 32): the zero word
+            // after it covers the old header at 32.
+            let _ = tx.try_write(&[&[3; 8]]).unwrap();
+            let _ = tx.try_write(&[&[4; 8]]).unwrap();
+            let _ = tx.close();
+        });
+        for expect in [3, 4] {
+            let record = rx.read(&PARK, None).unwrap();
+            assert_eq!((record.len(), record[0]), (8, expect));
+        }
+        assert_eq!(rx.read(&PARK, None).err(), Some(ReadError::Closed));
+        writer.join().unwrap();
+    });
+}
+
 #[test]
 fn a_parked_writer_gets_the_space_it_waits_for() {
     model(|| {
         let (_region, mut tx, mut rx) = ends();
         let _ = tx.try_write(&[&[1; 24]]).unwrap();
-        let _ = tx.try_write(&[&[2; 24]]).unwrap();
+        let _ = tx.try_write(&[&[2; 16]]).unwrap();
         let writer = thread::spawn(move || {
-            // Full: waits until the reader releases a record.
-            let _ = tx.write_message(&[&[3; 24]], &PARK, None).unwrap();
+            // Full: waits until the reader releases a record (then fits
+            // after 8 bytes of padding).
+            let _ = tx.write_message(&[&[3; 16]], &PARK, None).unwrap();
         });
         for expect in 1..=3 {
             assert_eq!(rx.read(&PARK, None).unwrap()[0], expect);
@@ -92,7 +122,7 @@ fn a_closing_reader_wakes_a_parked_writer() {
     model(|| {
         let (_region, mut tx, mut rx) = ends();
         let _ = tx.try_write(&[&[1; 24]]).unwrap();
-        let _ = tx.try_write(&[&[2; 24]]).unwrap();
+        let _ = tx.try_write(&[&[2; 16]]).unwrap();
         let writer = thread::spawn(move || tx.write_message(&[b"x"], &PARK, None).err());
         let _ = rx.close();
         assert_eq!(writer.join().unwrap(), Some(WriteMessageError::Closed));

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use super::{header, pair, pattern};
-use crate::record::{self, FLAG_PADDING};
+use crate::record::{self, FLAG_PADDING, FLAG_PUBLISHED};
 use crate::sync::Ordering;
 use crate::{ReadMessageError, TryWriteError, WaitStrategy, WriteSomeError};
 
@@ -28,36 +28,40 @@ fn zero_length_records_take_a_header_each() {
     let mut p = pair(256);
     let _ = p.tx.try_write(&[]).unwrap();
     let _ = p.tx.try_write(&[b""]).unwrap();
-    assert_eq!(p.tx.free(), 256 - 16);
+    // Less the zero word always kept after the last record.
+    assert_eq!(p.tx.free(), 256 - 16 - 8);
     assert_eq!(p.read(), Some((vec![], true)));
     assert_eq!(p.read(), Some((vec![], true)));
     assert_eq!(p.read(), None);
-    assert_eq!(p.tx.free(), 256);
+    assert_eq!(p.tx.free(), 256 - 8);
 }
 
 #[test]
 fn exactly_full_then_one_byte_too_many() {
     let mut p = pair(256);
     assert_eq!(p.tx.max_record(), 120);
-    // 128 + 120 bytes of records: 8 left, room for one empty record only.
+    // 128 + 112 bytes of records: 16 left, of which the last 8 stay free
+    // (the zero word after the last record): room for one empty record.
     let _ = p.tx.try_write(&[&[1; 120]]).unwrap();
-    let _ = p.tx.try_write(&[&[2; 112]]).unwrap();
+    let _ = p.tx.try_write(&[&[2; 104]]).unwrap();
     assert_eq!(p.tx.free(), 8);
-    // A byte needs 16 bytes, which do not fit before the end: 8 of padding
-    // too.
+    // A byte needs 16 bytes.
     assert_eq!(
         p.tx.try_write(&[&[3]]),
-        Err(TryWriteError::Full { need: 24 })
+        Err(TryWriteError::Full { need: 16 })
     );
     let _ = p.tx.try_write(&[]).unwrap();
     assert_eq!(p.tx.free(), 0);
     assert_eq!(p.tx.try_write(&[]), Err(TryWriteError::Full { need: 8 }));
     assert_eq!(p.read(), Some((vec![1; 120], true)));
     assert_eq!(p.tx.free(), 128);
+    // 8 bytes to the end: padding, then 112 at the start, then the zero word.
     let _ = p.tx.try_write(&[&[4; 100]]).unwrap();
-    assert_eq!(p.read(), Some((vec![2; 112], true)));
+    assert_eq!(p.tx.free(), 8);
+    assert_eq!(p.read(), Some((vec![2; 104], true)));
     assert_eq!(p.read(), Some((vec![], true)));
     assert_eq!(p.read(), Some((vec![4; 100], true)));
+    assert_eq!(p.read(), None);
 }
 
 #[test]
@@ -78,7 +82,7 @@ fn a_record_that_does_not_fit_before_the_end_wraps_after_padding() {
     let _ = p.tx.try_write(&[&[2; 120]]).unwrap(); // [112, 240)
 
     // 16 bytes to the end: padding, then the record at 0; 144 needed but only
-    // 128 free until the reader catches up.
+    // 120 free until the reader catches up (128 less the zero word).
     assert_eq!(
         p.tx.try_write(&[&[3; 120]]),
         Err(TryWriteError::Full { need: 144 })
@@ -87,13 +91,15 @@ fn a_record_that_does_not_fit_before_the_end_wraps_after_padding() {
     let _ = p.tx.try_write(&[&[3; 120]]).unwrap();
     let raw = p.raw();
     let (len, flags) = record::decode(raw.load_record_header(240));
-    assert_eq!((len, flags), (8, FLAG_PADDING));
-    assert_eq!(record::decode(raw.load_record_header(0)), (120, 0));
+    assert_eq!((len, flags), (8, FLAG_PADDING | FLAG_PUBLISHED));
     assert_eq!(
-        header(&raw).producer.tail.load(Ordering::Relaxed),
-        240 + 16 + 128
+        record::decode(raw.load_record_header(0)),
+        (120, FLAG_PUBLISHED)
     );
+    // Where the next record goes: zero, not the first record's old header.
+    assert_eq!(raw.load_record_header(128), 0);
     assert_eq!(p.read(), Some((vec![3; 120], true)));
+    assert_eq!(p.read(), None);
     assert_eq!(header(&raw).consumer.head.load(Ordering::Relaxed), 384);
 }
 
@@ -150,10 +156,11 @@ fn write_some_writes_what_fits_as_one_record() {
     assert_eq!(p.tx.write_some(&[&data]).unwrap().0, 120); // [0, 128)
     let _ = p.tx.try_write(&[&[0; 40]]).unwrap(); // [128, 176)
     assert_eq!(p.read(), Some((data[..120].to_vec(), true)));
-    // 80 bytes to the end, 128 free at the start after padding: the larger.
-    assert_eq!(p.tx.write_some(&[&data[..3], &data[3..]]).unwrap().0, 120);
+    // 80 bytes to the end, 128 free at the start after padding, less the
+    // zero word: the larger.
+    assert_eq!(p.tx.write_some(&[&data[..3], &data[3..]]).unwrap().0, 112);
     assert_eq!(p.read(), Some((vec![0; 40], true)));
-    assert_eq!(p.read(), Some((data[..120].to_vec(), true)));
+    assert_eq!(p.read(), Some((data[..112].to_vec(), true)));
     // Nothing to write writes nothing.
     assert_eq!(p.tx.write_some(&[]).unwrap().0, 0);
     assert_eq!(p.read(), None);
@@ -168,9 +175,11 @@ fn write_some_takes_the_stretch_before_the_end_when_larger() {
     // Free: [96, 256) straight (160) and [0, 32) wrapped: straight wins,
     // capped by the largest record.
     assert_eq!(p.tx.write_some(&[&[1; 500]]).unwrap().0, 120); // [96, 224)
-                                                               // Free: [224, 256) straight (32), [0, 32) wrapped (32): straight.
+
+    // Free: [224, 256) straight (32), [0, 24) wrapped before the zero word
+    // (24): straight.
     assert_eq!(p.tx.write_some(&[&[2; 500]]).unwrap().0, 24); // [224, 256)
-    assert_eq!(p.tx.write_some(&[&[3; 500]]).unwrap().0, 24); // [0, 32)
+    assert_eq!(p.tx.write_some(&[&[3; 500]]).unwrap().0, 16); // [0, 24)
     assert_eq!(p.tx.write_some(&[&[4; 500]]), Err(WriteSomeError::Full));
     assert_eq!(p.tx.free(), 0);
 }

@@ -85,13 +85,13 @@ fn a_wrong_magic_or_version_is_refused() {
     assert!(matches!(open(fd), Err(OpenError::Magic { .. })));
 
     let (_region, fd) = shared(4096);
-    // Version 1 kept the reader's waiting word on its head's line.
-    poke(&fd, 8, &1u32.to_ne_bytes());
+    // Version 2 published records by a tail index.
+    poke(&fd, 8, &2u32.to_ne_bytes());
     assert!(matches!(
         open(fd),
         Err(OpenError::Version {
-            found: 1,
-            expected: 2
+            found: 2,
+            expected: 3
         })
     ));
 

@@ -52,10 +52,16 @@ fn a_doorbell_set_on_the_end_is_rung_for_it() {
 #[test]
 fn a_writer_waiting_for_space_is_woken_once_its_record_fits() {
     let mut p = pair(256);
-    for _ in 0..4 {
+    // Indices at 8, so that the ring fills up to the end of its area.
+    let _ = p.tx.try_write(&[]).unwrap();
+    let _ = p.read();
+    for _ in 0..3 {
         let _ = p.tx.try_write(&[&[0; 56]]).unwrap(); // 64 bytes each
     }
-    // Full: a record of 120 bytes needs two records released.
+    let _ = p.tx.try_write(&[&[0; 48]]).unwrap(); // 56 bytes
+    assert_eq!(p.tx.free(), 0);
+    // Full: a record of 120 bytes (128 with its header, and the zero word
+    // after it) needs two records released.
     assert!(p.tx.announce_doorbell_wait(120));
     assert_eq!(p.rx.peer_waiting(), Some(Sleeper::Doorbell));
     let record = p.rx.try_read().unwrap().unwrap();
