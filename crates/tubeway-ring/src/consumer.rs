@@ -350,6 +350,9 @@ impl Cursor {
         let pos = self.head & (capacity - 1);
         let word = ring.load_record_header(pos);
         if word == 0 {
+            // Most likely polled again soon: have the record's next lines
+            // on their way with its header.
+            ring.prefetch_after(pos);
             return Ok(None);
         }
         let (len, flags) = record::decode(word);

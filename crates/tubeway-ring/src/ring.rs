@@ -78,6 +78,29 @@ impl Ring {
         self.word(pos).load(Ordering::Acquire)
     }
 
+    /// Loads a word of each of the two cache lines after the one holding
+    /// `pos`, the head a reader waits at.
+    ///
+    /// A record's header shares its line with the first 56 payload bytes
+    /// only; a reader that fetched the rest after seeing the header would
+    /// wait for a second transfer between the cores. Loaded while it waits,
+    /// the lines move with the header's (a stale copy is only a copy: the
+    /// writer's stores take the lines back, and the next look fetches them
+    /// again). Not modelled under loom: the loads order nothing.
+    pub(crate) fn prefetch_after(&self, pos: u64) {
+        #[cfg(not(loom))]
+        {
+            let line = pos & !63;
+            for next in [line + 64, line + 128] {
+                if next < self.place.capacity {
+                    std::hint::black_box(self.word(next).load(Ordering::Relaxed));
+                }
+            }
+        }
+        #[cfg(loom)]
+        let _ = pos;
+    }
+
     /// Writes the word at `pos` (a multiple of 8) without publishing it: a
     /// header that a later [`publish_record_header`](Ring::publish_record_header)
     /// publishes, or the zero word after the last record.
