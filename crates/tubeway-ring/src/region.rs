@@ -216,8 +216,16 @@ impl Region {
     /// The modelled word at `pos` of the data area of the ring at `place`.
     #[cfg(loom)]
     pub(crate) fn loom_word(&self, place: &RingPlace, pos: u64) -> &crate::sync::AtomicU64 {
-        let ring = usize::from(place.data != self.rings[0].data);
-        &self.words[ring][(pos / crate::record::HEADER) as usize]
+        let ([ring0, _], [words0, words1]) = (&self.rings, &self.words);
+        let words = if place.data == ring0.data {
+            words0
+        } else {
+            words1
+        };
+        match words.get((pos / crate::record::HEADER) as usize) {
+            Some(word) => word,
+            None => panic!("data access out of bounds: {pos}"),
+        }
     }
 
     /// Opens a region from a memfd received from the creator.

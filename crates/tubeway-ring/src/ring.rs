@@ -78,26 +78,32 @@ impl Ring {
         self.word(pos).load(Ordering::Acquire)
     }
 
-    /// Loads a word of each of the two cache lines after the one holding
-    /// `pos`, the head a reader waits at.
+    /// Prefetches the two cache lines after the one holding `pos`, the head
+    /// a reader waits at.
     ///
     /// A record's header shares its line with the first 56 payload bytes
     /// only; a reader that fetched the rest after seeing the header would
-    /// wait for a second transfer between the cores. Loaded while it waits,
-    /// the lines move with the header's (a stale copy is only a copy: the
-    /// writer's stores take the lines back, and the next look fetches them
-    /// again). Not modelled under loom: the loads order nothing.
+    /// wait for a second transfer between the cores. Prefetched while it
+    /// waits, the lines move with the header's (a stale copy is only a copy:
+    /// the writer's stores take the lines back, and the next look fetches
+    /// them again). A prefetch is a hint, not an access: it races with
+    /// nothing and orders nothing.
     pub(crate) fn prefetch_after(&self, pos: u64) {
-        #[cfg(not(loom))]
+        #[cfg(target_arch = "x86_64")]
         {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             let line = pos & !63;
             for next in [line + 64, line + 128] {
                 if next < self.place.capacity {
-                    std::hint::black_box(self.word(next).load(Ordering::Relaxed));
+                    let ptr = self.at(next, record::HEADER).cast::<i8>().cast_const();
+                    // SAFETY: SSE is part of x86_64's baseline; a prefetch
+                    // neither faults nor accesses memory (and the address is
+                    // inside the mapping, checked by `at`).
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(ptr) };
                 }
             }
         }
-        #[cfg(loom)]
+        #[cfg(not(target_arch = "x86_64"))]
         let _ = pos;
     }
 
