@@ -323,7 +323,12 @@ impl Cursor {
         match self.next(ring)? {
             Some(found) => Ok(Some(self.skip_taken(found)?)),
             None if gone => Err(TryReadError::Closed),
-            None => Ok(None),
+            None => {
+                // Most likely polled again soon: have the next record's
+                // later lines on their way with its header.
+                ring.prefetch_after(self.head & (ring.capacity() - 1));
+                Ok(None)
+            }
         }
     }
 
@@ -350,9 +355,6 @@ impl Cursor {
         let pos = self.head & (capacity - 1);
         let word = ring.load_record_header(pos);
         if word == 0 {
-            // Most likely polled again soon: have the record's next lines
-            // on their way with its header.
-            ring.prefetch_after(pos);
             return Ok(None);
         }
         let (len, flags) = record::decode(word);
