@@ -1091,15 +1091,21 @@ fn lone_blocking_calls(options: ClientOptions) {
     broker.block_on(within(served)).unwrap();
 }
 
+/// Options whose reader sleeps at once instead of spinning (the default
+/// on sockets), so that a lone call takes the wait on the socket itself.
+fn sleeping_reader() -> ClientOptions {
+    ClientOptions {
+        wait: Some(WaitStrategy::PARK),
+        ..ClientOptions::default()
+    }
+}
+
 /// A lone blocking call whose reader sleeps waits for its answer on the
 /// socket itself, not registered for it (the wait a hand-written
 /// ping-pong makes), and gets it.
 #[test]
 fn a_lone_blocking_call_with_a_sleeping_reader_waits_on_the_socket() {
-    let options = ClientOptions {
-        wait: Some(WaitStrategy::PARK),
-        ..ClientOptions::default()
-    };
+    let options = sleeping_reader();
     let (asked, request_seen) = std::sync::mpsc::channel();
     let (answer, may_answer) = tokio::sync::oneshot::channel();
     let (client, broker, served) = blocking_pair(options, |mut peer| async move {
@@ -1126,10 +1132,7 @@ fn a_lone_blocking_call_with_a_sleeping_reader_waits_on_the_socket() {
 /// the socket at once, although the broker neither answers nor closes.
 #[test]
 fn closing_the_client_fails_a_lone_call_asleep_on_the_socket() {
-    let options = ClientOptions {
-        wait: Some(WaitStrategy::PARK),
-        ..ClientOptions::default()
-    };
+    let options = sleeping_reader();
     let (asked, request_seen) = std::sync::mpsc::channel();
     let (release, released) = tokio::sync::oneshot::channel::<()>();
     let (client, broker, served) = blocking_pair(options, |mut peer| async move {
