@@ -101,11 +101,14 @@ impl Caller {
 }
 
 /// What [`Function::call_inline`] did.
+// Returned and matched at once, never stored: boxing the answer would cost
+// an allocation per call, where the request is boxed already.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Inline {
     /// The call ran; the response to send, if any.
     Done(Option<Message>),
     /// The function does not run inline: the request, back.
-    NotInline(Message),
+    NotInline(Box<Message>),
 }
 
 #[derive(Debug, Clone)]
@@ -205,12 +208,12 @@ impl Function {
     /// run inline on the caller's connection: a synchronous handler inside
     /// the broker, quick by contract. Any other function hands the request
     /// back.
-    pub fn call_inline(&self, req: Message) -> Inline {
+    pub fn call_inline(&self, req: Box<Message>) -> Inline {
         let Some(Handler::Sync(f)) = &self.local else {
             return Inline::NotInline(req);
         };
         let caller = Caller::of(&req);
-        let answer = self.local_answer(caller, reason(run_sync(f.as_ref(), req)));
+        let answer = self.local_answer(caller, reason(run_sync(f.as_ref(), *req)));
         self.count(is_failure(answer.as_ref()));
         Inline::Done(answer)
     }

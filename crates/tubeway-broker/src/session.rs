@@ -525,7 +525,7 @@ impl Session {
                         self.shared.writer.cork();
                         corked = true;
                     }
-                    self.handle(*m).await;
+                    self.handle(m).await;
                     if !std::mem::take(&mut self.spawned) {
                         // Nothing here to run first: spin for the next one at once.
                         reader.skip_yield();
@@ -610,9 +610,11 @@ impl Session {
         }
     }
 
-    async fn handle(&mut self, m: Message) {
+    // Boxed all the way to where it is taken apart: each await point
+    // holding a message by value would copy all of it into its future.
+    async fn handle(&mut self, m: Box<Message>) {
         if m.r#type == MessageType::Response {
-            self.shared.worker_answered(m);
+            self.shared.worker_answered(*m);
             return;
         }
         let to = ReplyTo::of(&m);
@@ -627,10 +629,10 @@ impl Session {
         }
         let result = match m.r#type {
             MessageType::Request => return self.call(m).await,
-            MessageType::Offer => return self.offer(m).await,
-            MessageType::Poll => return self.poll(m).await,
-            MessageType::Subscribe => return self.subscribe(m).await,
-            _ => self.immediate(&to, m),
+            MessageType::Offer => return self.offer(*m).await,
+            MessageType::Poll => return self.poll(*m).await,
+            MessageType::Subscribe => return self.subscribe(*m).await,
+            _ => self.immediate(&to, *m),
         };
         self.shared.answer(&to, result).await;
     }
@@ -765,7 +767,7 @@ impl Session {
         });
     }
 
-    async fn call(&mut self, m: Message) {
+    async fn call(&mut self, m: Box<Message>) {
         let to = ReplyTo::of(&m);
         let f = match function(
             &self.inner,
@@ -799,7 +801,7 @@ impl Session {
         let f = f.clone();
         let timeout = m.timeout.filter(|t| !t.is_zero());
         self.spawn(to, async move {
-            let call = f.call(m);
+            let call = f.call(*m);
             let outcome = match timeout {
                 Some(t) => match tokio::time::timeout(t, call).await {
                     Ok(r) => r,

@@ -448,6 +448,14 @@ impl Message {
 
     /// How to read the payload.
     pub fn payload_kind(&self) -> PayloadKind {
+        // The broker asks this of every message: the mimetypes this crate
+        // writes itself are recognised without parsing.
+        match (self.payload_mimetype.as_deref(), &self.payload_charset) {
+            (Some(MIME_BINARY), None) => return PayloadKind::Binary,
+            (Some(MIME_JSON), _) => return PayloadKind::Data,
+            (Some(MIME_TEXT), _) => return PayloadKind::Text,
+            _ => {}
+        }
         let mime = self.payload_mimetype.as_deref().map(mime_essence);
         match mime {
             None if self.payload.is_empty() => PayloadKind::Empty,
@@ -559,5 +567,27 @@ mod tests {
         assert!(!m.is_expired(), "expires in a minute");
         m.expires_at = Some(now_millis().saturating_sub(1));
         assert!(m.is_expired(), "expired a millisecond ago");
+    }
+
+    #[test]
+    fn payload_kinds_follow_mimetype_and_charset() {
+        let kind = |mime: Option<&str>, charset: Option<&str>, payload: &'static [u8]| {
+            let mut m = Message::request();
+            m.set_payload(Bytes::from_static(payload), mime, charset);
+            m.payload_kind()
+        };
+        use PayloadKind::*;
+        assert_eq!(kind(None, None, b""), Empty);
+        assert_eq!(kind(None, None, b"x"), Binary);
+        assert_eq!(kind(Some(MIME_BINARY), None, b"x"), Binary);
+        // A charset makes any payload text, the common binary type too.
+        assert_eq!(kind(Some(MIME_BINARY), Some("utf-8"), b"x"), Text);
+        assert_eq!(kind(Some(MIME_JSON), None, b"1"), Data);
+        assert_eq!(kind(Some(MIME_JSON), Some("utf-8"), b"1"), Data);
+        assert_eq!(kind(Some("APPLICATION/JSON"), None, b"1"), Data);
+        assert_eq!(kind(Some("application/vnd.x+json; v=2"), None, b"1"), Data);
+        assert_eq!(kind(Some(MIME_TEXT), None, b"a"), Text);
+        assert_eq!(kind(Some("text/plain; charset=utf-8"), None, b"a"), Text);
+        assert_eq!(kind(Some("image/png"), None, b"x"), Binary);
     }
 }
