@@ -250,10 +250,17 @@ impl PyMessage {
         self.inner.reply_to.clone()
     }
 
-    /// The payload's mimetype.
+    /// The payload's mimetype, as written; none for binary sent without one.
     #[getter]
     fn payload_mimetype(&self) -> Option<String> {
         self.inner.payload_mimetype.clone()
+    }
+
+    /// The payload's mimetype as a receiver reads it: the one written, else
+    /// `application/octet-stream` for a non-empty payload.
+    #[getter]
+    fn mimetype(&self) -> Option<&str> {
+        self.inner.mimetype()
     }
 
     /// The payload's charset (text payloads).

@@ -47,8 +47,12 @@ def test_binary_from_any_buffer() -> None:
         assert bytes(m.binary) == b"\x00\x01"
         assert m.text is None and m.data is None
         assert m.payload_kind == "binary"
+        assert m.payload_mimetype is None
+        assert m.mimetype == "application/octet-stream"
     m = Message.binary(b"x", "image/png")
     assert m.payload_mimetype == "image/png"
+    assert m.mimetype == "image/png"
+    assert Message.binary(b"").mimetype is None
 
 
 def test_binary_payload_is_a_read_only_view() -> None:

@@ -64,9 +64,7 @@ pub fn human_payload(msg: &Message) -> String {
         format!(
             "<{} bytes binary {}>",
             msg.payload.len(),
-            msg.payload_mimetype
-                .as_deref()
-                .unwrap_or(tubeway::MIME_BINARY)
+            msg.mimetype().unwrap_or(tubeway::MIME_BINARY)
         )
     };
     match msg.payload_kind() {

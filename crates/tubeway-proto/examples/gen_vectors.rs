@@ -20,7 +20,7 @@ use serde_json::{json, Map, Value};
 use tubeway_proto::codec::{self, tag, DecodeError};
 use tubeway_proto::ops;
 use tubeway_proto::{
-    Message, MessageType, ResponseStatus, MAX_MESSAGE_SIZE_LIMIT, MIME_JSON, MIME_TEXT,
+    Message, MessageType, ResponseStatus, MAX_MESSAGE_SIZE_LIMIT, MIME_BINARY, MIME_JSON, MIME_TEXT,
 };
 use uuid::Uuid;
 
@@ -652,7 +652,7 @@ fn payloads() -> File {
     g.valid(
         "binary_octet_stream",
         "binary as application/octet-stream, every byte value once",
-        base(408).with_binary((0..=255u8).collect::<Vec<_>>(), None),
+        base(408).with_binary((0..=255u8).collect::<Vec<_>>(), Some(MIME_BINARY)),
     );
     let mut m = base(409);
     m.payload = Bytes::from_static(&[0xde, 0xad, 0xbe, 0xef]);
@@ -767,7 +767,7 @@ fn limits() -> File {
         "a 4096-byte binary payload",
         msg(505, MessageType::Offer)
             .with_destination("jobs")
-            .with_binary(payload, None),
+            .with_binary(payload, Some(MIME_BINARY)),
     );
     g.into_file("Boundary values: longest names and fields, extreme integers, larger payloads.")
 }

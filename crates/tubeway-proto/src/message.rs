@@ -9,7 +9,7 @@ use uuid::Uuid;
 pub const MIME_TEXT: &str = "text/plain";
 /// Mimetype of structured-data payloads.
 pub const MIME_JSON: &str = "application/json";
-/// Mimetype of binary payloads when the sender names none.
+/// Mimetype of a non-empty payload that names none: senders leave it out.
 pub const MIME_BINARY: &str = "application/octet-stream";
 
 /// Milliseconds since the Unix epoch, as carried in `timestamp` and `expires_at`.
@@ -305,7 +305,9 @@ impl Message {
         Message::request().with_text(text, mimetype, charset)
     }
 
-    /// A message with a binary payload; `mimetype` defaults to `application/octet-stream`.
+    /// A message with a binary payload. Without a `mimetype` none is written:
+    /// a receiver reads a non-empty payload with no mimetype as
+    /// `application/octet-stream` (docs/protocol.md, section 10).
     pub fn binary(data: impl Into<Bytes>, mimetype: Option<&str>) -> Self {
         Message::request().with_binary(data, mimetype)
     }
@@ -331,9 +333,10 @@ impl Message {
         self
     }
 
-    /// Replaces the payload with binary data.
+    /// Replaces the payload with binary data; see [`Message::binary`] for a
+    /// `mimetype` of `None`.
     pub fn with_binary(mut self, data: impl Into<Bytes>, mimetype: Option<&str>) -> Self {
-        self.set_payload(data.into(), Some(mimetype.unwrap_or(MIME_BINARY)), None);
+        self.set_payload(data.into(), mimetype, None);
         self
     }
 
@@ -444,6 +447,16 @@ impl Message {
     /// The response status, treating a missing status as `server_error`.
     pub fn status(&self) -> ResponseStatus {
         self.response_status.unwrap_or(ResponseStatus::ServerError)
+    }
+
+    /// The payload's mimetype as a receiver reads it: the one named, else
+    /// `application/octet-stream` for a non-empty payload, else none.
+    pub fn mimetype(&self) -> Option<&str> {
+        match self.payload_mimetype.as_deref() {
+            Some(m) => Some(m),
+            None if self.payload.is_empty() => None,
+            None => Some(MIME_BINARY),
+        }
     }
 
     /// How to read the payload.
@@ -589,5 +602,21 @@ mod tests {
         assert_eq!(kind(Some(MIME_TEXT), None, b"a"), Text);
         assert_eq!(kind(Some("text/plain; charset=utf-8"), None, b"a"), Text);
         assert_eq!(kind(Some("image/png"), None, b"x"), Binary);
+    }
+
+    #[test]
+    fn a_binary_payload_without_a_mimetype_carries_none_and_reads_as_octet_stream() {
+        let m = Message::binary(Bytes::from_static(b"\x00\x01"), None);
+        assert_eq!(m.payload_mimetype, None, "nothing written for the default");
+        assert_eq!(m.mimetype(), Some(MIME_BINARY));
+        assert_eq!(m.payload_kind(), PayloadKind::Binary);
+
+        let named = Message::binary(Bytes::from_static(b"x"), Some("image/png"));
+        assert_eq!(named.payload_mimetype.as_deref(), Some("image/png"));
+        assert_eq!(named.mimetype(), Some("image/png"));
+
+        let empty = Message::binary(Bytes::new(), None);
+        assert_eq!(empty.mimetype(), None);
+        assert_eq!(empty.payload_kind(), PayloadKind::Empty);
     }
 }

@@ -64,7 +64,14 @@ async fn call_from_async_client(h: &Harness) {
         .await
         .unwrap();
     assert_eq!(&bin.payload[..], &[0u8, 1, 255]);
-    assert_eq!(bin.payload_mimetype.as_deref(), Some(tubeway::MIME_BINARY));
+    assert_eq!(
+        bin.payload_mimetype, None,
+        "the default mimetype is not written"
+    );
+    assert_eq!(bin.mimetype(), Some(tubeway::MIME_BINARY));
+    let png = Message::binary(vec![0x89u8, b'P'], Some("image/png"));
+    let png = step(c.send("echo", png)).await.unwrap();
+    assert_eq!(png.payload_mimetype.as_deref(), Some("image/png"));
     let v = serde_json::json!({"a": [1, 2, 3]});
     let data = step(c.send("echo", Message::data(&v))).await.unwrap();
     assert_eq!(data.data_payload().unwrap(), v);

@@ -8,7 +8,7 @@ use tubeway::Message;
 
 use super::{
     empty_ok, frame_len, ClientKind, Exchange, FnLane, Lane, Mode, Senders, Setup, Workload,
-    BINARY_MIME, TIMEOUT,
+    TIMEOUT,
 };
 
 /// The built-in function that answers an empty `ok`.
@@ -39,9 +39,9 @@ impl Mode for Call {
     }
 }
 
-/// A function request as `AsyncClient::send` frames it: timeout, destination, mimetype.
+/// A function request as `AsyncClient::send` frames it: timeout, destination.
 pub fn request_len(function: &str, payload: usize) -> usize {
-    frame_len(&[TIMEOUT, function.len(), BINARY_MIME], payload)
+    frame_len(&[TIMEOUT, function.len()], payload)
 }
 
 /// Calls of one built-in function: `ack` (an empty answer) or `echo` (the

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use super::call::{request_len, Calls};
-use super::{frame_len, Exchange, Mode, Setup, Workload, BINARY_MIME, CORRELATION};
+use super::{frame_len, Exchange, Mode, Setup, Workload, CORRELATION};
 
 /// The built-in function that answers with the request's payload.
 pub const ECHO: &str = "echo";
@@ -26,7 +26,7 @@ impl Mode for Echo {
     fn exchanges(&self, payload: usize) -> Vec<Exchange> {
         vec![Exchange {
             up: request_len(ECHO, payload),
-            down: frame_len(&[CORRELATION, BINARY_MIME], payload),
+            down: frame_len(&[CORRELATION], payload),
         }]
     }
 

@@ -332,13 +332,11 @@ pub fn frame_len(fields: &[usize], payload: usize) -> usize {
     12 + 28 + fields.iter().map(|f| 3 + f).sum::<usize>() + payload
 }
 
-/// Header field lengths: a u64 `timeout`, a UUID `correlation_id`, and the
-/// mimetype of a binary payload.
+/// Header field lengths: a u64 `timeout` and a UUID `correlation_id`. A
+/// binary payload without a mimetype adds no field.
 pub const TIMEOUT: usize = 8;
 /// See [`TIMEOUT`].
 pub const CORRELATION: usize = 16;
-/// See [`TIMEOUT`].
-pub const BINARY_MIME: usize = tubeway::MIME_BINARY.len();
 
 /// An empty `ok` answer: only the correlation field.
 pub fn empty_ok() -> usize {
@@ -414,6 +412,24 @@ mod tests {
         // a timeout, request_id "req-1", destination "echo", text/plain utf-8.
         assert_eq!(frame_len(&[TIMEOUT, 5, 4, 10, 5], 5), 92);
         assert_eq!(empty_ok(), 59);
+    }
+
+    #[test]
+    fn frame_lengths_match_what_the_client_sends() {
+        let payload = Bytes::from_static(&[7u8; 64]);
+        let mut request = Message::binary(payload.clone(), None);
+        request.destination = Some(call::ACK.to_owned());
+        request.timeout = Some(BROKER_WAIT);
+        let sent = tubeway_proto::codec::encode(&request, usize::MAX)
+            .unwrap()
+            .len();
+        assert_eq!(call::request_len(call::ACK, payload.len()), sent);
+
+        let answer = request.response(tubeway::ResponseStatus::Ok);
+        let sent = tubeway_proto::codec::encode(&answer, usize::MAX)
+            .unwrap()
+            .len();
+        assert_eq!(empty_ok(), sent);
     }
 
     #[test]

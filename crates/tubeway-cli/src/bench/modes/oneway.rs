@@ -11,10 +11,7 @@ use std::time::Instant;
 use futures::future::BoxFuture;
 
 use super::call::ACK;
-use super::{
-    frame_len, ClientKind, Exchange, FnLane, Lane, Mode, Senders, Setup, Tally, Workload,
-    BINARY_MIME,
-};
+use super::{frame_len, ClientKind, Exchange, FnLane, Lane, Mode, Senders, Setup, Tally, Workload};
 
 /// See the module.
 #[derive(Debug)]
@@ -31,7 +28,7 @@ impl Mode for Oneway {
 
     fn exchanges(&self, payload: usize) -> Vec<Exchange> {
         vec![Exchange {
-            up: frame_len(&[ACK.len(), BINARY_MIME], payload),
+            up: frame_len(&[ACK.len()], payload),
             down: 0,
         }]
     }

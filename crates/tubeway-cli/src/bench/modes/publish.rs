@@ -18,7 +18,7 @@ use tubeway::AsyncClient;
 
 use super::{
     close_all, empty_ok, frame_len, ClientKind, Conns, Exchange, FnLane, Lane, Mode, Setup, Tally,
-    Workload, BINARY_MIME,
+    Workload,
 };
 
 /// How long deliveries may trail the last publish.
@@ -42,7 +42,7 @@ impl Mode for Publish {
     fn exchanges(&self, payload: usize) -> Vec<Exchange> {
         // Topic names are `bench-<tag>`; 14 bytes is typical.
         vec![Exchange {
-            up: frame_len(&[14, BINARY_MIME], payload),
+            up: frame_len(&[14], payload),
             down: empty_ok(),
         }]
     }

@@ -12,7 +12,7 @@ use tubeway::{ops::QueueKind, AsyncClient};
 
 use super::{
     empty_ok, frame_len, pick, ClientKind, Conns, Exchange, FnLane, Lane, Mode, Setup, Workload,
-    BINARY_MIME, BROKER_WAIT, CORRELATION, TIMEOUT,
+    BROKER_WAIT, CORRELATION, TIMEOUT,
 };
 
 /// Room for every message in flight; offers never wait for it.
@@ -36,12 +36,12 @@ impl Mode for Queue {
         let name = 16;
         vec![
             Exchange {
-                up: frame_len(&[TIMEOUT, name, BINARY_MIME], payload),
+                up: frame_len(&[TIMEOUT, name], payload),
                 down: empty_ok(),
             },
             Exchange {
                 up: frame_len(&[TIMEOUT, name], 0),
-                down: frame_len(&[CORRELATION, name, BINARY_MIME], payload),
+                down: frame_len(&[CORRELATION, name], payload),
             },
         ]
     }
