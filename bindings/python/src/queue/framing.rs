@@ -104,7 +104,9 @@ impl Assembler {
                     .filter(|&c| c <= MAX_BUFFERS)
                     .ok_or_else(|| FramingError::BadCount(msg.request_id.clone()))?;
                 let received = Received {
-                    mimetype: msg.payload_mimetype.unwrap_or_default(),
+                    // Read as the protocol reads it: a non-empty payload
+                    // without a mimetype is raw bytes.
+                    mimetype: msg.mimetype().unwrap_or_default().to_owned(),
                     head: msg.payload,
                     buffers: Vec::with_capacity(count),
                 };
