@@ -320,7 +320,7 @@ impl Bench<'_> {
             self.bare_round_trips(&exchanges, payload, s.warmup, false)
                 .await?;
             let (mut ops, mut lat, mut bare) = (Vec::new(), Vec::new(), BareRuns::default());
-            let mut curve = Vec::new();
+            let mut curves = Vec::new();
             for run in 0..s.runs {
                 self.progress
                     .doing(format!("{what} run {}/{}", run + 1, s.runs));
@@ -332,9 +332,12 @@ impl Bench<'_> {
                 ops.push(out.count.rate());
                 if let Some(h) = out.hist {
                     lat.push(Latency::of(&h));
-                    curve = latency::curve(&h);
+                    curves.push(latency::curve(&h));
                 }
             }
+            let curve = latency::median_run(&lat)
+                .and_then(|i| curves.into_iter().nth(i))
+                .unwrap_or_default();
             work.close().await;
             anyhow::Ok((ops, lat, bare, curve, work.client()))
         };

@@ -99,6 +99,18 @@ impl Latency {
     }
 }
 
+/// Of several runs, the one whose p50 is the median: the lower middle one
+/// for an even count. So a plotted curve passes through the p50 the table
+/// prints (for an odd count), whichever regime each run met.
+pub fn median_run(runs: &[Latency]) -> Option<usize> {
+    let mut order: Vec<usize> = (0..runs.len()).collect();
+    order.sort_by(|&a, &b| {
+        let p50 = |i: usize| runs.get(i).map_or(0.0, |l| l.p50_us);
+        p50(a).total_cmp(&p50(b))
+    });
+    order.get(runs.len().checked_sub(1)? / 2).copied()
+}
+
 /// One point of a percentile curve.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct CurvePoint {
@@ -187,6 +199,14 @@ mod tests {
         let m = Latency::median(&[a, b, c]);
         assert_eq!(m.p50_us, 2.0);
         assert_eq!(m.count, 3);
+        assert_eq!(
+            median_run(&[a, b, c]),
+            Some(2),
+            "the run with the median p50"
+        );
+        assert_eq!(median_run(&[b, a]), Some(1), "the lower middle of two");
+        assert_eq!(median_run(&[b]), Some(0));
+        assert_eq!(median_run(&[]), None);
         let mut h = histogram();
         assert!(curve(&h).is_empty());
         assert_eq!(Latency::of(&h), Latency::default());

@@ -153,7 +153,8 @@ pub fn draw(r: &Report, path: &Path) -> anyhow::Result<()> {
         .y_label_formatter(&|y| num(*y))
         .draw()
         .map_err(|e| err(&e))?;
-    lines(&mut chart, &tput).map_err(|e| err(&e))?;
+    // Throughput rises with the payload: the lower right stays empty.
+    lines(&mut chart, &tput, SeriesLabelPosition::LowerRight).map_err(|e| err(&e))?;
 
     let lat = latency_series(r);
     let ys = log_range(lat.iter().flat_map(|s| s.points.iter().map(|p| p.1)));
@@ -171,7 +172,8 @@ pub fn draw(r: &Report, path: &Path) -> anyhow::Result<()> {
         .y_label_formatter(&|y| num(*y))
         .draw()
         .map_err(|e| err(&e))?;
-    lines(&mut chart, &lat).map_err(|e| err(&e))?;
+    // Latency rises with the percentile: the upper left stays empty.
+    lines(&mut chart, &lat, SeriesLabelPosition::UpperLeft).map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))?;
     Ok(())
 }
@@ -181,6 +183,7 @@ type Chart<'a, X, Y> = ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>;
 fn lines<'a, X, Y>(
     chart: &mut Chart<'a, X, Y>,
     series: &[Series],
+    legend_at: SeriesLabelPosition,
 ) -> Result<(), DrawingAreaErrorKind<std::io::Error>>
 where
     X: plotters::coord::ranged1d::Ranged<ValueType = f64>,
@@ -202,6 +205,7 @@ where
     if !series.is_empty() {
         chart
             .configure_series_labels()
+            .position(legend_at)
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
             .draw()?;

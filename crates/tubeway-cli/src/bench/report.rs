@@ -149,7 +149,8 @@ pub struct LatencyFigure {
     pub median: Latency,
     /// Each run.
     pub runs: Vec<Latency>,
-    /// The percentile curve of the last run, for plots.
+    /// The percentile curve of the run whose p50 is the median
+    /// ([`super::latency::median_run`]), for plots.
     pub curve: Vec<CurvePoint>,
     /// For a fixed-rate figure: the rate offered, msg/s.
     pub offered_rate: Option<u64>,
