@@ -322,6 +322,26 @@ fn latency_mode_is_set_beside_the_default_wait() {
 }
 
 #[test]
+fn the_lone_client_is_the_one_asked_for() {
+    for (flag, expected) in [("blocking", "blocking"), ("async", "async")] {
+        let mut cmd = tubeway();
+        cmd.args(["bench", "--json", "--transport", "unix", "--client", flag])
+            .args(["--figures", "size,in-flight,round-trip", "--payload", "64B"])
+            .args(["--in-flight", "1,4"])
+            .args(TINY);
+        let report = report_of(&mut cmd);
+        let s = section(&report, "unix", Some("call"));
+        let size = figures(s, "size");
+        assert_eq!(size[0]["client"], expected, "{flag}: {}", size[0]);
+        assert_eq!(figures(s, "round-trip")[0]["client"], expected, "{flag}");
+        let in_flight = figures(s, "in-flight");
+        assert_eq!(in_flight[0]["client"], expected, "{flag}: one in flight");
+        // Pipelined figures are the async client's whatever the flag.
+        assert_eq!(in_flight[1]["client"], "async", "{flag}: four in flight");
+    }
+}
+
+#[test]
 fn the_table_is_for_people() {
     let mut cmd = tubeway();
     cmd.args(["bench", "--transport", "tcp", "--mode", "echo,queue,oneway"])

@@ -81,6 +81,15 @@ Examples:
   tubeway bench --url unix:///tmp/tubeway.sock --json > bench.json
   tubeway bench --plot bench.svg";
 
+/// The client of the figures with one operation in flight on one connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LoneClient {
+    /// `tubeway::Client`, driving its connection from the calling thread.
+    Blocking,
+    /// A task of `tubeway::AsyncClient` on the bench's runtime.
+    Async,
+}
+
 /// A group of figures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -195,6 +204,12 @@ pub struct BenchArgs {
     #[arg(long)]
     pub one_cpu: bool,
 
+    /// The client of the figures with one operation in flight on one
+    /// connection (the size sweep, the round trip, the first figure of each
+    /// sweep). Pipelined figures always use the AsyncClient.
+    #[arg(long, value_name = "CLIENT", value_enum, default_value_t = LoneClient::Blocking)]
+    pub client: LoneClient,
+
     /// Print one JSON document instead of the table (no progress line).
     #[arg(long)]
     pub json: bool,
@@ -267,6 +282,8 @@ pub struct Settings {
     pub url: Option<String>,
     /// Whether `--quick` chose the defaults.
     pub quick: bool,
+    /// The client of one operation in flight on one connection.
+    pub lone_client: LoneClient,
 }
 
 impl Settings {
@@ -369,6 +386,7 @@ impl Settings {
             .unwrap_or(1),
             url: args.url.clone(),
             quick,
+            lone_client: args.client,
         })
     }
 

@@ -9,13 +9,13 @@ use bytes::Bytes;
 use tubeway::channel::ChannelOptions;
 use tubeway::ClientOptions;
 
-use super::args::{Group, Settings};
+use super::args::{Group, LoneClient, Settings};
 use super::bare::{self, Peer};
 use super::baselines::BareRuns;
 use super::channel_peer::ChannelPeer;
 use super::latency::{self, Latency};
 use super::memory::Proc;
-use super::modes::{Mode, Setup, Workload};
+use super::modes::{ClientKind, Mode, Setup, Workload};
 use super::progress::Progress;
 use super::report::{Baseline, Figure, LatencyFigure, Rss, Stat};
 use super::runner;
@@ -143,7 +143,12 @@ impl Bench<'_> {
             url,
             connections,
             in_flight,
-            client: mode.client(connections, in_flight),
+            client: match mode.client(connections, in_flight) {
+                ClientKind::Blocking if self.settings.lone_client == LoneClient::Async => {
+                    ClientKind::Async
+                }
+                kind => kind,
+            },
             payload: Bytes::from(vec![0x5au8; payload]),
             subscribers: self.settings.subscribers,
             options,
