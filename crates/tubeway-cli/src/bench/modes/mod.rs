@@ -415,21 +415,26 @@ mod tests {
     }
 
     #[test]
-    fn frame_lengths_match_what_the_client_sends() {
+    fn frame_lengths_match_the_encoder_for_calls_and_their_answers() {
+        let encoded = |m: &Message| tubeway_proto::codec::encode(m, usize::MAX).unwrap().len();
         let payload = Bytes::from_static(&[7u8; 64]);
-        let mut request = Message::binary(payload.clone(), None);
-        request.destination = Some(call::ACK.to_owned());
-        request.timeout = Some(BROKER_WAIT);
-        let sent = tubeway_proto::codec::encode(&request, usize::MAX)
-            .unwrap()
-            .len();
-        assert_eq!(call::request_len(call::ACK, payload.len()), sent);
+        // Built as the client builds a call: type, destination, timeout.
+        let request = Message::binary(payload.clone(), None)
+            .with_type(tubeway::MessageType::Request)
+            .with_destination(call::ACK)
+            .with_timeout(BROKER_WAIT);
+        assert_eq!(
+            call::request_len(call::ACK, payload.len()),
+            encoded(&request)
+        );
 
-        let answer = request.response(tubeway::ResponseStatus::Ok);
-        let sent = tubeway_proto::codec::encode(&answer, usize::MAX)
-            .unwrap()
-            .len();
-        assert_eq!(empty_ok(), sent);
+        let ack = request.response(tubeway::ResponseStatus::Ok);
+        assert_eq!(empty_ok(), encoded(&ack));
+
+        // `echo` answers with the request's payload and its description.
+        let echoed = ack.with_payload_of(&request);
+        let down = echo::Echo.exchanges(payload.len())[0].down;
+        assert_eq!(down, encoded(&echoed));
     }
 
     #[test]
