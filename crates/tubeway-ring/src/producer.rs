@@ -54,7 +54,11 @@ impl Producer {
         let tail = head;
         Ok(Producer {
             ring,
-            cursor: Cursor { tail, head },
+            cursor: Cursor {
+                tail,
+                head,
+                rewind_checked: tail / REWIND_EVERY,
+            },
             closed: false,
             doorbell: None,
             _not_sync: PhantomData,
@@ -338,6 +342,10 @@ fn reader_gone(ring: &Ring) -> bool {
     ring.header().reader.closed.load(Ordering::Relaxed) != 0 || ring.peer_dead()
 }
 
+/// Bytes written between two looks at whether the ring is empty, to start
+/// again at the beginning of the data area (see [`Cursor::rewind`]).
+const REWIND_EVERY: u64 = 16 * 1024;
+
 /// The producer's indices and the space arithmetic on them.
 #[derive(Debug)]
 struct Cursor {
@@ -347,6 +355,8 @@ struct Cursor {
     /// The reader's head as last read and validated, so that its line is
     /// read only when the cached value says the ring is too full.
     head: u64,
+    /// `tail / REWIND_EVERY` when the ring was last looked at for a rewind.
+    rewind_checked: u64,
 }
 
 impl Cursor {
@@ -374,8 +384,41 @@ impl Cursor {
         (self.tail + self.space_needed(ring, len) + record::RESERVE).saturating_sub(ring.capacity())
     }
 
+    /// A slot at the start of the data area, after padding, when the
+    /// reader has read everything and the tail has moved on by
+    /// [`REWIND_EVERY`] since the last look. Request and reply traffic
+    /// (one record in the ring at a time) then keeps reusing the first few
+    /// kilobytes of the ring, which stay in the caches of both cores,
+    /// instead of walking through all of it and meeting every line cold;
+    /// with many connections, the rings' memory would not fit in any cache.
+    /// The reader's line is read once per `REWIND_EVERY` bytes at most.
+    fn rewind(&mut self, ring: &Ring, len: u64) -> Result<Option<Slot>, Corrupt> {
+        let capacity = ring.capacity();
+        let block = self.tail / REWIND_EVERY;
+        if capacity < 4 * REWIND_EVERY || block == self.rewind_checked {
+            return Ok(None);
+        }
+        self.rewind_checked = block;
+        let pos = self.tail & (capacity - 1);
+        if pos == 0 {
+            return Ok(None);
+        }
+        self.refresh_head(ring)?;
+        let pad = capacity - pos;
+        let fits = pad + record::size(len) <= free_space(self.head, self.tail, capacity);
+        if self.head != self.tail || !fits {
+            return Ok(None);
+        }
+        // The next look is once the start of the area is left behind.
+        self.rewind_checked = (self.tail + pad) / REWIND_EVERY;
+        Ok(Some(Slot { pos, pad, len }))
+    }
+
     /// A slot for exactly `len` bytes, if it fits now.
     fn reserve(&mut self, ring: &Ring, len: u64) -> Result<Option<Slot>, Corrupt> {
+        if let Some(slot) = self.rewind(ring, len)? {
+            return Ok(Some(slot));
+        }
         let need = self.space_needed(ring, len);
         if need > free_space(self.head, self.tail, ring.capacity()) {
             self.refresh_head(ring)?;

@@ -103,6 +103,50 @@ fn a_record_that_does_not_fit_before_the_end_wraps_after_padding() {
     assert_eq!(header(&raw).consumer.head.load(Ordering::Relaxed), 384);
 }
 
+/// Sends `count` records of `len` bytes through a ring of `capacity`, the
+/// reader `behind` records behind the writer, checking each; returns the
+/// furthest offset in the data area the reader's head reached.
+fn furthest_head(capacity: usize, count: u64, len: usize, behind: u64) -> u64 {
+    let mut p = pair(capacity);
+    let raw = p.raw();
+    let mut furthest = 0;
+    for i in 0..count + behind {
+        if i < count {
+            let _ = p.tx.try_write(&[&pattern(i, len)]).unwrap();
+        }
+        if i >= behind {
+            assert_eq!(p.read(), Some((pattern(i - behind, len), true)));
+        }
+        let head = header(&raw).consumer.head.load(Ordering::Relaxed);
+        furthest = furthest.max(head & (raw.capacity() - 1));
+    }
+    furthest
+}
+
+#[test]
+fn an_emptied_ring_starts_again_at_the_beginning() {
+    // One record at a time, as requests and replies go: the writer starts
+    // again at offset 0 once it has moved past 16 KiB and the reader has
+    // read everything, so the ring's first lines are used over and over.
+    let furthest = furthest_head(1 << 20, 1000, 5000, 0);
+    assert!(furthest <= 16 * 1024 + 5016, "walked to {furthest}");
+}
+
+#[test]
+fn a_ring_that_is_not_empty_does_not_start_again() {
+    // A reader behind by one record: the writer walks on through the ring
+    // (wrapping only at its end), and every record arrives in order.
+    let furthest = furthest_head(1 << 20, 400, 5000, 1);
+    assert!(furthest > 1 << 19, "stopped at {furthest}");
+}
+
+#[test]
+fn a_small_ring_never_starts_again_early() {
+    // Rings under 64 KiB wrap only at their end, as before.
+    let furthest = furthest_head(32 * 1024, 100, 1000, 0);
+    assert!(furthest > 30 * 1024, "stopped at {furthest}");
+}
+
 #[test]
 fn the_largest_record_fits_an_empty_ring_wherever_its_head_is() {
     let mut p = pair(256);
