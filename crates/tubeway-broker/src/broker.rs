@@ -15,6 +15,7 @@ use uuid::Uuid;
 use crate::config::BrokerConfig;
 use crate::function::{Function, Handler, HandlerError, HandlerFuture};
 use crate::queue::{Queue, QueueError};
+use crate::spin_pool::SpinPool;
 use crate::stats::Counters;
 use crate::topic::Topic;
 
@@ -94,6 +95,8 @@ pub(crate) struct Inner {
     /// connection checks between requests (a look at the token takes a lock).
     pub shutting_down: AtomicBool,
     pub tracker: TaskTracker,
+    /// The threads of connections whose readers spin.
+    spin_pool: SpinPool,
     next_conn: std::sync::atomic::AtomicU64,
     started: Instant,
     listening: Mutex<Vec<Url>>,
@@ -282,6 +285,7 @@ pub struct Broker {
 impl Broker {
     /// A broker with `config`, serving nothing until [`Broker::listen`].
     pub fn new(config: BrokerConfig) -> Broker {
+        let spin_pool = SpinPool::new(config.spin_threads);
         Broker {
             inner: Arc::new(Inner {
                 config,
@@ -292,6 +296,7 @@ impl Broker {
                 shutdown: CancellationToken::new(),
                 shutting_down: AtomicBool::new(false),
                 tracker: TaskTracker::new(),
+                spin_pool,
                 next_conn: Default::default(),
                 started: Instant::now(),
                 listening: Mutex::default(),
@@ -550,50 +555,32 @@ impl Broker {
 }
 
 /// Starts serving a connection: on the broker's runtime when its reader
-/// sleeps between requests, on a thread of its own when it spins, so a
-/// spinning connection never holds up the others.
+/// sleeps between requests, on a thread of the spin pool when it spins, so
+/// a spinning connection never holds up a worker of the runtime.
 fn serve(inner: &Arc<Inner>, conn: Connection) {
     let wait = inner.config.wait.unwrap_or(conn.default_wait);
     if !wait.spins() {
         inner
             .tracker
-            .spawn(crate::session::run(inner.clone(), conn, wait));
+            .spawn(crate::session::run(inner.clone(), conn, wait, None));
         return;
     }
-    let (inner, tracker) = (inner.clone(), inner.tracker.clone());
-    let spawned = std::thread::Builder::new()
-        .name("tubeway-session".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
+    let session = inner.clone();
+    let spawned = inner
+        .spin_pool
+        .spawn(&inner.tracker, move |seat| async move {
+            // Its wake-ups must come from this thread's reactor.
+            let conn = match conn.reregister() {
+                Ok(conn) => conn,
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot start a session runtime; connection dropped");
+                    tracing::warn!(error = %e, "cannot move a connection to its thread; dropped");
                     return;
                 }
             };
-            rt.block_on(tracker.track_future(async move {
-                // Its wake-ups must come from this thread's reactor.
-                let conn = match conn.reregister() {
-                    Ok(conn) => conn,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot move a connection to its thread; dropped");
-                        return;
-                    }
-                };
-                crate::session::run(inner, conn, wait).await;
-                // Requests of this connection still running (oneway calls,
-                // say) finish here rather than being dropped with the runtime.
-                let handle = tokio::runtime::Handle::current();
-                while handle.metrics().num_alive_tasks() > 0 {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }));
+            crate::session::run(session, conn, wait, Some(&seat.group)).await;
         });
     if let Err(e) = spawned {
-        tracing::warn!(error = %e, "cannot start a session thread; connection dropped");
+        tracing::warn!(error = %e, "cannot start a spinning thread; connection dropped");
     }
 }
 

@@ -26,11 +26,19 @@ pub struct BrokerConfig {
     pub server_name: String,
     /// How connections wait for their next request; `None` takes each
     /// transport's own default (sleep in the kernel, for sockets). A spinning
-    /// strategy is the socket latency mode: each such connection is served
-    /// by a thread of its own that polls instead of sleeping, which cuts a
-    /// wake-up out of every request at the price of a busy core per
-    /// connection while it is active (see [`WaitStrategy`]).
+    /// strategy is the socket latency mode: such connections are served by
+    /// the threads of [`BrokerConfig::spin_threads`], which poll instead of
+    /// sleeping; that cuts a wake-up out of every request at the price of a
+    /// busy core while a connection is active (see [`WaitStrategy`]).
     pub wait: Option<WaitStrategy>,
+    /// Threads that serve the connections whose readers spin (shared memory,
+    /// and sockets in latency mode); default half the CPUs, at least one:
+    /// a shared-memory client runs on the same machine, and spins too, so a
+    /// broker spinning on every CPU would leave its clients none. A
+    /// connection alone on its thread spins in place; connections sharing
+    /// one are polled in turn. Each thread starts with its first connection
+    /// and ends with its last.
+    pub spin_threads: usize,
 }
 
 impl Default for BrokerConfig {
@@ -45,8 +53,14 @@ impl Default for BrokerConfig {
             shutdown_timeout: Duration::from_secs(5),
             server_name: concat!("tubeway/", env!("CARGO_PKG_VERSION")).to_owned(),
             wait: None,
+            spin_threads: default_spin_threads(),
         }
     }
+}
+
+/// Half the CPUs, at least one (see [`BrokerConfig::spin_threads`]).
+fn default_spin_threads() -> usize {
+    (std::thread::available_parallelism().map_or(1, usize::from) / 2).max(1)
 }
 
 impl BrokerConfig {
@@ -77,6 +91,13 @@ impl BrokerConfig {
     /// Sets how every connection waits for requests (see [`BrokerConfig::wait`]).
     pub fn wait(mut self, wait: WaitStrategy) -> Self {
         self.wait = Some(wait);
+        self
+    }
+
+    /// Sets the threads that serve spinning connections (at least one; see
+    /// [`BrokerConfig::spin_threads`]).
+    pub fn spin_threads(mut self, n: usize) -> Self {
+        self.spin_threads = n.max(1);
         self
     }
 

@@ -21,6 +21,7 @@ mod config;
 mod function;
 mod queue;
 mod session;
+mod spin_pool;
 mod stats;
 mod topic;
 

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -21,7 +22,7 @@ use tubeway_proto::{
     codec, Decoded, EncodedFrame, Message, MessageType, PayloadKind, ResponseStatus, MIME_JSON,
     MIME_TEXT, PROTOCOL_VERSION,
 };
-use tubeway_transport::{Connection, FrameReader, FrameWriter, ReadError, WaitStrategy};
+use tubeway_transport::{Connection, FrameReader, FrameWriter, ReadError, SpinGroup, WaitStrategy};
 use uuid::Uuid;
 
 use crate::access::{self, Identity};
@@ -304,8 +305,14 @@ fn function<'a>(
 }
 
 /// Serves one connection until it closes or the broker shuts down; its
-/// reader waits for requests by `wait`.
-pub(crate) async fn run(inner: Arc<Inner>, conn: Connection, wait: WaitStrategy) {
+/// reader waits for requests by `wait`, in turn with the readers of `group`
+/// if it has one.
+pub(crate) async fn run(
+    inner: Arc<Inner>,
+    conn: Connection,
+    wait: WaitStrategy,
+    group: Option<&SpinGroup>,
+) {
     let Connection {
         reader,
         writer,
@@ -330,6 +337,9 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Connection, wait: WaitStrategy)
     });
     let mut reader = FrameReader::new(reader, inner.config.max_message_size);
     reader.set_wait_strategy(wait);
+    if let Some(group) = group {
+        reader.join_spin_group(group);
+    }
     let over_limit = live > inner.config.max_connections as u64;
 
     if handshake(&inner, &shared, &mut reader, over_limit).await {
@@ -510,11 +520,33 @@ impl Session {
             if self.inner.shutting_down.load(Ordering::Acquire) {
                 return self.drain(reader).await;
             }
-            // The token is looked at only when no request is ready.
-            let item = tokio::select! {
-                biased;
-                r = reader.next() => r,
-                () = &mut shutting_down => return self.drain(reader).await,
+            // The token is looked at only when no request is ready, and
+            // polled (registering the task) once per wait: a reader that
+            // spins in turn with others is pending on every look at its
+            // stream, and the flag, set before the token is cancelled, is
+            // cheaper to read.
+            let item = {
+                let mut next = std::pin::pin!(reader.next());
+                let mut registered = false;
+                let stopping = &self.inner.shutting_down;
+                std::future::poll_fn(|cx| {
+                    if let Poll::Ready(r) = next.as_mut().poll(cx) {
+                        return Poll::Ready(Some(r));
+                    }
+                    if stopping.load(Ordering::Acquire) {
+                        return Poll::Ready(None);
+                    }
+                    if !std::mem::replace(&mut registered, true)
+                        && shutting_down.as_mut().poll(cx).is_ready()
+                    {
+                        return Poll::Ready(None);
+                    }
+                    Poll::Pending
+                })
+                .await
+            };
+            let Some(item) = item else {
+                return self.drain(reader).await;
             };
             let counters = &self.inner.counters;
             match item {

@@ -171,11 +171,19 @@ pub struct ServerArgs {
     /// How connections wait for requests: park (sleep in the kernel; the
     /// default for sockets), spin-park[:DURATION] (poll, then sleep),
     /// spin-yield[:DURATION] or busy-spin. Any spinning strategy is latency
-    /// mode: each connection gets a thread of its own that polls, which saves
-    /// a wake-up (tens of microseconds) per request and keeps a core busy
-    /// while the connection is active.
+    /// mode: connections are served by the threads of --spin-threads, which
+    /// poll instead of sleeping; that saves a wake-up (tens of microseconds)
+    /// per request and keeps a core busy while a connection is active.
     #[arg(long, value_name = "STRATEGY")]
     pub wait: Option<tubeway::WaitStrategy>,
+
+    /// Threads serving the connections that spin (shared memory, and every
+    /// connection in latency mode); default half the CPUs. A connection alone
+    /// on its thread spins in place; connections sharing a thread are
+    /// polled in turn.
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub spin_threads: Option<u64>,
     /// Stop, as on SIGTERM, when stdin closes: for a parent process that
     /// must not leave its broker behind (`tubeway bench`).
     #[arg(long, hide = true)]

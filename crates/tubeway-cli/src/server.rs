@@ -29,6 +29,9 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     if let Some(wait) = args.wait {
         config = config.wait(wait);
     }
+    if let Some(n) = args.spin_threads {
+        config = config.spin_threads(usize::try_from(n)?);
+    }
     let broker = Broker::new(config);
     install_builtins(&broker)?;
 

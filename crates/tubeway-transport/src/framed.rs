@@ -5,14 +5,15 @@ use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::io::{self, IoSlice};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::sync::Notify;
 use tubeway_proto::{DecodeError, Decoded, Decoder, EncodedFrame};
 
-use crate::{ReadHalf, WaitStrategy, WriteHalf};
+use crate::wait::SpinSeat;
+use crate::{ReadHalf, SpinGroup, WaitStrategy, WriteHalf};
 
 /// Smallest read buffer; also the chunk size used while skipping an oversized frame.
 const READ_CHUNK: usize = 64 * 1024;
@@ -80,6 +81,10 @@ pub struct FrameReader {
     recycling: Option<(Vec<u8>, usize)>,
     /// The last poll of `next` was pending with its task already woken.
     woke_itself: bool,
+    /// The readers this one shares its threads with.
+    seat: Option<SpinSeat>,
+    /// Frames returned since the reader last waited or gave a turn.
+    in_a_row: u32,
 }
 
 impl FrameReader {
@@ -95,7 +100,17 @@ impl FrameReader {
             pool: None,
             recycling: None,
             woke_itself: false,
+            seat: None,
+            in_a_row: 0,
         }
+    }
+
+    /// Counts this reader in `group`, the readers polled by the same
+    /// threads, until it is dropped: while the group has more members than
+    /// threads, the reader spins by looking once per poll instead of in
+    /// place (see [`SpinGroup`]).
+    pub fn join_spin_group(&mut self, group: &SpinGroup) {
+        self.seat = Some(group.join());
     }
 
     /// Reads frames of at least `pool.min_frame` bytes into buffers that
@@ -151,6 +166,22 @@ impl FrameReader {
 
     /// The next decoded item; `Ok(None)` on a clean end of stream between frames.
     pub async fn next(&mut self) -> Result<Option<Decoded>, ReadError> {
+        if self.seat.is_some() {
+            self.in_a_row += 1;
+            if self.in_a_row > FAIR_SHARE {
+                // Cancel-safe: nothing is read before the turn is over.
+                self.in_a_row = 0;
+                let mut turned = false;
+                std::future::poll_fn(|cx| {
+                    if std::mem::replace(&mut turned, true) {
+                        Poll::Ready(())
+                    } else {
+                        self.yield_now(cx)
+                    }
+                })
+                .await;
+            }
+        }
         loop {
             if self.recycling.is_none() {
                 if let (Some(len), Some(pool)) = (self.recyclable_frame(), &self.pool) {
@@ -237,12 +268,23 @@ impl FrameReader {
                     return Poll::Ready(r);
                 }
             }
-            let r = ready!(self.reader.poll_read_buf(cx, &mut self.buf));
+            let Poll::Ready(r) = self.reader.poll_read_buf(cx, &mut self.buf) else {
+                // Asleep: the thread's other tasks run meanwhile.
+                self.in_a_row = 0;
+                return Poll::Pending;
+            };
             self.spin = Spin::default();
             return Poll::Ready(r);
         }
+        let in_turn = self.seat.as_ref().is_some_and(SpinSeat::crowded);
         if let Poll::Ready(r) = self.try_fill_now() {
+            if in_turn {
+                THREAD_TURNS.with(ThreadTurns::data);
+            }
             return Poll::Ready(r);
+        }
+        if in_turn {
+            return self.poll_fill_in_turn(cx);
         }
         if !self.spin.yielded {
             // Tasks woken by the last frame (on this thread) run before this
@@ -292,10 +334,41 @@ impl FrameReader {
         self.yield_now(cx)
     }
 
+    /// The wait of a reader that shares its thread with more spinning
+    /// readers: it has looked once; now the others get their turn. Its
+    /// budget runs while the thread finds nothing for any of its readers:
+    /// on a thread kept busy by others a reader would otherwise park during
+    /// every wait that lasts a round of theirs, and each wait would end in
+    /// a doorbell (a system call on each side).
+    fn poll_fill_in_turn(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        let Some(budget) = self.wait.spin() else {
+            return self.yield_now(cx);
+        };
+        let (now, thread_idle) = THREAD_TURNS.with(|t| {
+            let now = t.now();
+            (now, t.idle_for(now))
+        });
+        let started = *self.spin.started.get_or_insert(now);
+        let waited = now.saturating_duration_since(started);
+        if waited >= budget && (thread_idle >= budget || waited >= budget * IN_TURN_PATIENCE) {
+            if self.wait.parks() {
+                self.spin.parked = true;
+                return self.poll_fill(cx);
+            }
+            std::thread::yield_now();
+        } else if thread_idle >= SPIN_YIELD_EVERY {
+            // As a reader spinning in place does, but once per thread
+            // however many readers it polls, and only while none has data.
+            THREAD_TURNS.with(|t| t.yield_now_and_then(now));
+        }
+        self.yield_now(cx)
+    }
+
     /// Pending, with the task woken: the runtime gets a turn, then polls
     /// this reader again.
     fn yield_now<T>(&mut self, cx: &mut Context<'_>) -> Poll<T> {
         self.woke_itself = true;
+        self.in_a_row = 0;
         cx.waker().wake_by_ref();
         Poll::Pending
     }
@@ -314,6 +387,94 @@ impl FrameReader {
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Poll::Pending,
             Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+}
+
+/// Frames a reader that shares its thread returns in a row before it gives
+/// the runtime a turn: a peer that never stops sending must not keep the
+/// thread's other connections waiting (a reader that has bytes never waits,
+/// so it would never give one otherwise).
+const FAIR_SHARE: u32 = 64;
+
+/// How many spin budgets a reader polled in turn waits for data of its own,
+/// on a thread that keeps finding data for others, before it parks.
+const IN_TURN_PATIENCE: u32 = 20;
+
+thread_local! {
+    /// What the readers polled in turn on this thread have seen.
+    static THREAD_TURNS: ThreadTurns = const { ThreadTurns::new() };
+}
+
+/// In-turn polls between two looks at the clock: a round of many readers
+/// is a few microseconds, the budgets tens.
+const IN_TURN_POLLS_PER_CLOCK_CHECK: u32 = 16;
+
+/// The readers of one thread that are polled in turn, as a whole.
+struct ThreadTurns {
+    polls: std::cell::Cell<u32>,
+    /// The clock as last read, for readers to share.
+    now: std::cell::Cell<Option<Instant>>,
+    /// When one of the readers last read data.
+    last_data: std::cell::Cell<Option<Instant>>,
+    /// When the thread last gave the CPU away for them.
+    last_yield: std::cell::Cell<Option<Instant>>,
+}
+
+impl ThreadTurns {
+    const fn new() -> ThreadTurns {
+        ThreadTurns {
+            polls: std::cell::Cell::new(0),
+            now: std::cell::Cell::new(None),
+            last_data: std::cell::Cell::new(None),
+            last_yield: std::cell::Cell::new(None),
+        }
+    }
+
+    /// The time, read afresh every few polls.
+    fn now(&self) -> Instant {
+        let polls = self.polls.get().wrapping_add(1);
+        self.polls.set(polls);
+        match self.now.get() {
+            Some(t) if polls % IN_TURN_POLLS_PER_CLOCK_CHECK != 0 => t,
+            _ => {
+                let t = Instant::now();
+                self.now.set(Some(t));
+                t
+            }
+        }
+    }
+
+    /// A reader of this thread read data; the time is taken at the next
+    /// look at the clock, so that the cached one, which may be old, never
+    /// makes the thread look idle for longer than it was.
+    fn data(&self) {
+        self.last_data.set(None);
+    }
+
+    /// How long since a reader of this thread last read data (none, the
+    /// first time).
+    fn idle_for(&self, now: Instant) -> std::time::Duration {
+        match self.last_data.get() {
+            Some(t) => now.saturating_duration_since(t),
+            None => {
+                self.last_data.set(Some(now));
+                std::time::Duration::ZERO
+            }
+        }
+    }
+
+    /// Gives the CPU to whoever waits for it, at most every
+    /// [`SPIN_YIELD_EVERY`].
+    fn yield_now_and_then(&self, now: Instant) {
+        match self.last_yield.get() {
+            Some(t) if now.saturating_duration_since(t) < SPIN_YIELD_EVERY => {}
+            _ => {
+                std::thread::yield_now();
+                self.last_yield.set(Some(now));
+                // The thread may have been away for long.
+                self.now.set(None);
+            }
         }
     }
 }
@@ -1055,6 +1216,207 @@ mod tests {
             },
         )
         .await;
+    }
+
+    /// In-turn polls this thread has made so far.
+    fn turns() -> u32 {
+        THREAD_TURNS.with(|t| t.polls.get())
+    }
+
+    /// Polls `r` once for a frame, with a waker that does nothing.
+    fn poll_once(r: &mut FrameReader) -> bool {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let next = std::pin::pin!(r.next());
+        std::future::Future::poll(next, &mut cx).is_pending()
+    }
+
+    /// Readers of `group`, over fresh shm connections whose writers are
+    /// returned too (nothing is sent).
+    async fn readers(
+        tag: &str,
+        n: usize,
+        group: &SpinGroup,
+        wait: WaitStrategy,
+    ) -> Vec<(FrameReader, crate::Connection)> {
+        let mut out = Vec::new();
+        for i in 0..n {
+            let (server, client) = pair(&shm_url(&format!("{tag}{i}"))).await;
+            let mut r = FrameReader::new(server.reader, 1 << 20);
+            r.set_wait_strategy(wait);
+            r.join_spin_group(group);
+            out.push((r, client));
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn readers_outnumbering_their_threads_look_once_per_poll() {
+        let forever = WaitStrategy::SpinPark {
+            spin: std::time::Duration::from_secs(3600),
+        };
+        // Two readers, one thread: each poll of an empty stream is one look,
+        // then the task wakes itself for its next turn.
+        let crowded = SpinGroup::new(1);
+        let mut two = readers("turn", 2, &crowded, forever).await;
+        assert_eq!(crowded.members(), 2);
+        let before = turns();
+        for _ in 0..10 {
+            for (r, _) in &mut two {
+                assert!(poll_once(r));
+                assert!(r.woke_itself());
+            }
+        }
+        assert_eq!(turns() - before, 20);
+
+        // Two readers, two threads: each spins in place, not in turn.
+        let roomy = SpinGroup::new(2);
+        let mut alone = readers("place", 2, &roomy, forever).await;
+        let before = turns();
+        assert!(poll_once(&mut alone[0].0));
+        assert_eq!(turns(), before);
+
+        // Leaving a group is dropping the reader.
+        drop(two.pop());
+        assert_eq!(crowded.members(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_reader_in_turn_parks_once_its_budget_is_spent() {
+        let group = SpinGroup::new(1);
+        let none = WaitStrategy::SpinPark {
+            spin: std::time::Duration::ZERO,
+        };
+        let mut rs = readers("parks", 2, &group, none).await;
+        // Pending on the doorbell, not woken by itself.
+        assert!(poll_once(&mut rs[0].0));
+        assert!(!rs[0].0.woke_itself());
+    }
+
+    /// Sends frames on `conn` from a thread of its own, `n` of them (or
+    /// until the peer is gone) once `go` says so.
+    fn send_from_a_thread(
+        conn: crate::Connection,
+        n: usize,
+        go: impl Fn() -> bool + Send + 'static,
+    ) -> std::thread::JoinHandle<()> {
+        on_a_thread(move || async move {
+            let conn = conn.reregister().unwrap();
+            let (writer, flusher) = FrameWriter::new(conn.writer);
+            tokio::spawn(flusher);
+            while !go() {
+                tokio::task::yield_now().await;
+            }
+            let frame = codec::encode(&Message::binary(vec![1; 16], None), 1 << 20).unwrap();
+            for _ in 0..n {
+                if writer.send(frame.clone()).await.is_err() {
+                    return;
+                }
+            }
+        })
+    }
+
+    /// Runs `body` on a thread of its own, in a current-thread runtime.
+    fn on_a_thread<F>(body: impl FnOnce() -> F + Send + 'static) -> std::thread::JoinHandle<()>
+    where
+        F: std::future::Future<Output = ()>,
+    {
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(body());
+        })
+    }
+
+    /// A reader whose peer never stops sending never waits, so it must give
+    /// the other readers of its thread their turns by itself.
+    #[test]
+    fn a_reader_with_endless_input_lets_the_others_of_its_thread_read() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let (done, finished) = std::sync::mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_flood = stop.clone();
+        on_a_thread(move || async move {
+            let group = SpinGroup::new(1);
+            let mut rs = readers("fair", 2, &group, WaitStrategy::BusySpin).await;
+            let (mut quiet, quiet_peer) = rs.pop().unwrap();
+            let (mut flooded, flood_peer) = rs.pop().unwrap();
+            let seen = Arc::new(AtomicUsize::new(0));
+            let flooding = {
+                let stop = stop_flood.clone();
+                send_from_a_thread(flood_peer, usize::MAX, move || {
+                    !stop.load(Ordering::Relaxed)
+                })
+            };
+            let seen_by_flood = seen.clone();
+            tokio::spawn(async move {
+                while let Ok(Some(_)) = flooded.next().await {
+                    seen_by_flood.fetch_add(1, Ordering::Relaxed);
+                    // Slower than its peer, as a busy connection is:
+                    // its ring never runs dry.
+                    let t = std::time::Instant::now();
+                    while t.elapsed() < std::time::Duration::from_micros(5) {
+                        std::hint::spin_loop();
+                    }
+                }
+            });
+            // The quiet peer's one frame comes while the flood is read.
+            let seen_now = seen.clone();
+            let quiet_sender = send_from_a_thread(quiet_peer, 1, move || {
+                seen_now.load(Ordering::Relaxed) > 1_000
+            });
+            let got = quiet.next().await.unwrap();
+            assert!(matches!(got, Some(Decoded::Message(_))));
+            stop_flood.store(true, Ordering::Relaxed);
+            let _ = done.send(());
+            drop(quiet_sender);
+            drop(flooding);
+        });
+        let r = finished.recv_timeout(std::time::Duration::from_secs(20));
+        stop.store(true, Ordering::Relaxed);
+        assert!(r.is_ok(), "the quiet reader got no frame: {r:?}");
+    }
+
+    /// Three connections served by one current-thread runtime, their
+    /// readers busy-spinning in turn: every frame of each arrives.
+    #[tokio::test]
+    async fn readers_in_turn_on_one_thread_get_every_frame() {
+        let group = SpinGroup::new(1);
+        let rs = readers("every", 3, &group, WaitStrategy::BusySpin).await;
+        let mut tasks = Vec::new();
+        for (k, (mut r, client)) in rs.into_iter().enumerate() {
+            let (writer, flusher) = FrameWriter::new(client.writer);
+            tasks.push(tokio::spawn(async move {
+                let _ = flusher.await;
+            }));
+            tasks.push(tokio::spawn(async move {
+                for i in 0..50usize {
+                    let m = Message::binary(vec![k as u8; i * 100], None);
+                    writer
+                        .send(codec::encode(&m, 1 << 20).unwrap())
+                        .await
+                        .unwrap();
+                }
+            }));
+            tasks.push(tokio::spawn(async move {
+                for i in 0..50usize {
+                    match r.next().await.unwrap() {
+                        Some(Decoded::Message(m)) => {
+                            assert_eq!(m.payload, vec![k as u8; i * 100]);
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                }
+            }));
+        }
+        tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            for t in tasks {
+                t.await.unwrap();
+            }
+        })
+        .await
+        .unwrap();
     }
 
     /// An idle writer writes on the sender's own task, without the flusher.

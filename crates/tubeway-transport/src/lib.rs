@@ -24,4 +24,4 @@ pub use framed::{
 };
 pub use stream::{ReadHalf, WriteHalf};
 pub use url::{Url, UrlError};
-pub use wait::{WaitStrategy, WaitStrategyError, DEFAULT_SPIN};
+pub use wait::{SpinGroup, WaitStrategy, WaitStrategyError, DEFAULT_SPIN};

@@ -8,6 +8,8 @@
 
 use std::io;
 use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use rustix::event::{PollFd, PollFlags, Timespec};
@@ -39,5 +41,77 @@ pub(crate) fn poll_until(
     match rustix::event::poll(&mut fds, timeout.as_ref()) {
         Ok(_) | Err(Errno::INTR) => Ok(true),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// Readers that spin on the same threads, such as the connections a broker
+/// serves on one thread or the async clients of one runtime.
+///
+/// A spinning reader alone on its thread waits in place: it polls its
+/// stream in a tight loop, which is the fastest way to see the next frame.
+/// Readers more numerous than the threads that poll them cannot all do
+/// that: one spinning in place keeps the thread from every other, whose
+/// frames then wait for its spin to end. A reader that has joined a group
+/// with more members than threads therefore looks at its stream once per
+/// poll and gives the runtime a turn between looks, so that the thread
+/// polls every stream in turn, as one conductor thread polling many rings
+/// does. Each reader keeps its own spin budget, and parks when it is spent.
+#[derive(Clone, Debug)]
+pub struct SpinGroup {
+    inner: Arc<GroupInner>,
+}
+
+#[derive(Debug)]
+struct GroupInner {
+    members: AtomicUsize,
+    threads: usize,
+}
+
+impl SpinGroup {
+    /// A group of readers polled by `threads` threads (at least one).
+    pub fn new(threads: usize) -> SpinGroup {
+        SpinGroup {
+            inner: Arc::new(GroupInner {
+                members: AtomicUsize::new(0),
+                threads: threads.max(1),
+            }),
+        }
+    }
+
+    /// Readers in the group now.
+    pub fn members(&self) -> usize {
+        self.inner.members.load(Ordering::Relaxed)
+    }
+
+    /// The threads that poll the group's readers.
+    pub fn threads(&self) -> usize {
+        self.inner.threads
+    }
+
+    /// A place in the group, held until dropped.
+    pub(crate) fn join(&self) -> SpinSeat {
+        self.inner.members.fetch_add(1, Ordering::Relaxed);
+        SpinSeat {
+            group: self.clone(),
+        }
+    }
+}
+
+/// A reader's membership of a [`SpinGroup`].
+#[derive(Debug)]
+pub(crate) struct SpinSeat {
+    group: SpinGroup,
+}
+
+impl SpinSeat {
+    /// More members than threads: spinning in place would hold up others.
+    pub(crate) fn crowded(&self) -> bool {
+        self.group.members() > self.group.threads()
+    }
+}
+
+impl Drop for SpinSeat {
+    fn drop(&mut self) {
+        self.group.inner.members.fetch_sub(1, Ordering::Relaxed);
     }
 }

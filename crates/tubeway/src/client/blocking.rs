@@ -614,7 +614,8 @@ impl Client {
     pub fn connect_with(url: &str, options: ClientOptions) -> Result<Self> {
         let driver = Driver::new()?;
         let exec = Exec::Own(driver.clone());
-        let (inner, reader) = exec.block_on(AsyncClient::connect_parts(url, options, true))??;
+        let (inner, reader) =
+            exec.block_on(AsyncClient::connect_parts(url, options, true, None))??;
         *driver.lock_reader() = Some(Box::new(reader));
         let _ = driver.conn.set(inner.conn_arc());
         Ok(Client { inner, exec })

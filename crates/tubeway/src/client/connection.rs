@@ -23,7 +23,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tubeway_proto::{
     codec, ops, Decoded, EncodedFrame, Message, MessageType, ResponseStatus, MIME_TEXT,
 };
-use tubeway_transport::{FrameReader, FrameWriter, Url, WaitStrategy};
+use tubeway_transport::{FrameReader, FrameWriter, SpinGroup, Url, WaitStrategy};
 use uuid::Uuid;
 
 use super::worker::HandlerError;
@@ -142,6 +142,7 @@ pub(crate) async fn establish(
     max_receive: usize,
     wait: Option<WaitStrategy>,
     may_spin: bool,
+    group: Option<&SpinGroup>,
 ) -> Result<Established> {
     let connect_err = |source| Error::Connect {
         url: url.to_string(),
@@ -175,6 +176,9 @@ pub(crate) async fn establish(
         WaitStrategy::PARK
     };
     frames.set_wait_strategy(wait);
+    if let Some(group) = group.filter(|_| wait.spins()) {
+        frames.join_spin_group(group);
+    }
 
     let handshake = async {
         let msg = Message::serialize(hello)?.with_type(MessageType::Hello);

@@ -9,7 +9,7 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tubeway_proto::{ops, EncodedFrame, Message, MessageType, ResponseStatus};
-use tubeway_transport::{Url, WaitStrategy};
+use tubeway_transport::{SpinGroup, Url, WaitStrategy};
 
 use crate::{Error, Result};
 
@@ -92,6 +92,14 @@ impl Drop for Inner {
     }
 }
 
+/// The readers of the async clients of this process, which share the
+/// worker threads of a multi-thread runtime. A process normally has one such
+/// runtime; the group counts the workers of the first it saw.
+fn async_readers(handle: &tokio::runtime::Handle) -> &'static SpinGroup {
+    static GROUP: std::sync::OnceLock<SpinGroup> = std::sync::OnceLock::new();
+    GROUP.get_or_init(|| SpinGroup::new(handle.metrics().num_workers()))
+}
+
 impl AsyncClient {
     /// Connects to the broker at `url` (`tcp://host:port`, `unix:///path`,
     /// `mem://name`) with default options.
@@ -106,21 +114,34 @@ impl AsyncClient {
     /// task that polls its connection would keep every other task of that
     /// thread, the caller's included, from running until it gives up (use
     /// the blocking [`crate::Client`], which waits on the calling thread, or
-    /// a multi-thread runtime, for the lowest latency).
+    /// a multi-thread runtime, for the lowest latency). On a multi-thread
+    /// runtime, while more clients' readers spin than it has worker threads,
+    /// each looks at its connection once per turn instead of spinning in
+    /// place, so that the workers poll every connection in turn (see
+    /// [`tubeway_transport::SpinGroup`]).
     pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Self> {
-        let shared_thread = tokio::runtime::Handle::current().runtime_flavor()
-            == tokio::runtime::RuntimeFlavor::CurrentThread;
-        let (client, reader) = Self::connect_parts(url, options, !shared_thread).await?;
+        let handle = tokio::runtime::Handle::current();
+        let (client, reader) = match handle.runtime_flavor() {
+            tokio::runtime::RuntimeFlavor::CurrentThread => {
+                Self::connect_parts(url, options, false, None).await?
+            }
+            _ => {
+                let group = async_readers(&handle);
+                Self::connect_parts(url, options, true, Some(group)).await?
+            }
+        };
         tokio::spawn(reader);
         Ok(client)
     }
 
     /// Connects, leaving the connection's reader for the caller to run; it
-    /// may spin (by `options.wait` or the transport's default) if `may_spin`.
+    /// may spin (by `options.wait` or the transport's default) if `may_spin`,
+    /// in turn with the other readers of `group` if there is one.
     pub(crate) async fn connect_parts(
         url: &str,
         options: ClientOptions,
         may_spin: bool,
+        group: Option<&SpinGroup>,
     ) -> Result<(Self, connection::Reader)> {
         let url: Url = url.parse()?;
         let hello = ops::Hello {
@@ -134,6 +155,7 @@ impl AsyncClient {
             options.max_message_size,
             options.wait,
             may_spin,
+            group,
         )
         .await?;
         tracing::debug!(%url, server = %est.welcome.server, "connected");

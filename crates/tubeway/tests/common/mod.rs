@@ -4,7 +4,9 @@
 //! [`transport_tests!`], which generates one test per transport (`tcp::name`,
 //! `unix::name`, `mem::name`, `shm::name`, and `tcp_spin::name`: tcp in latency mode, where
 //! every connection's reader on both sides polls before it sleeps and the
-//! broker serves each connection on a thread of its own). Each test gets an embedded broker of its own,
+//! broker serves the connections on the threads of its spin pool, where
+//! they share a thread on a machine with few CPUs). Each test gets an
+//! embedded broker of its own,
 //! started on the test's runtime and shut down when the body returns, and the
 //! body is bounded by [`TEST_TIMEOUT`].
 #![allow(dead_code)]
