@@ -445,9 +445,10 @@ impl ThreadTurns {
         }
     }
 
-    /// A reader of this thread read data; the time is taken at the next
-    /// look at the clock, so that the cached one, which may be old, never
-    /// makes the thread look idle for longer than it was.
+    /// A reader of this thread read data. The time is that of the next poll
+    /// in turn, whose clock is read only every few polls: a look at the
+    /// clock per frame would cost more than the look at the ring, and a few
+    /// polls are a small part of a budget.
     fn data(&self) {
         self.last_data.set(None);
     }
