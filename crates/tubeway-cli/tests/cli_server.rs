@@ -4,7 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{run, tubeway, Proc, Server};
+use common::{entry, run, tubeway, Proc, Server};
 
 #[test]
 fn stats_json_parses_and_counts_connections() {
@@ -216,6 +216,24 @@ fn latency_mode_serves_every_connection() {
         .ok();
     server.run(&["offer", "lm", "one"]).ok();
     assert_eq!(server.run(&["poll", "lm"]).ok(), "one\n");
+}
+
+#[test]
+fn one_spin_thread_serves_connections_that_wait_and_that_call() {
+    // Latency mode on one thread: a subscriber's connection stays open and
+    // idle while other connections create, publish and read statistics on
+    // the same thread, polled in turn.
+    let server = Server::start_with(&["--wait", "spin-park:200us", "--spin-threads", "1"]);
+    server.run(&["topic", "create", "t"]).ok();
+    let sub = Proc::spawn(&mut server.cmd(&["subscribe", "t", "--count", "2"]));
+    server.wait_for_stats("the subscription to be live", |s| {
+        entry(s, "topics", "t")["subscribers"] == 1
+    });
+    server.run(&["publish", "t", "one"]).ok();
+    server.run(&["publish", "t", "two"]).ok();
+    assert_eq!(sub.finish(Duration::from_secs(20)).ok(), "one\ntwo\n");
+    let out = run(tubeway().args(["server", "--spin-threads", "0"]));
+    assert!(out.fails_with(2).contains("--spin-threads"));
 }
 
 #[test]
