@@ -142,10 +142,28 @@ impl SpinPool {
                 }
             }
         });
+        let mut rt = Unstarted(Some(rt));
         std::thread::Builder::new()
             .name("tubeway-spin".into())
-            .spawn(move || rt.block_on(ends))?;
+            .spawn(move || {
+                if let Some(rt) = rt.0.take() {
+                    rt.block_on(ends);
+                }
+            })?;
         Ok(slot)
+    }
+}
+
+/// A runtime on its way to its thread. Should the thread not start, the
+/// runtime is dropped here, on a thread of the broker's runtime, where a
+/// plain drop (which waits for the runtime's blocking tasks) would panic.
+struct Unstarted(Option<tokio::runtime::Runtime>);
+
+impl Drop for Unstarted {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
     }
 }
 
@@ -222,6 +240,16 @@ mod tests {
         })
         .unwrap();
         rx.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_runtime_whose_thread_never_started_is_dropped_without_a_panic() {
+        // A plain drop here, in an async context, would panic.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        drop(Unstarted(Some(rt)));
     }
 
     #[tokio::test]
