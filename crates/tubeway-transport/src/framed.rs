@@ -341,6 +341,7 @@ impl FrameReader {
     /// every wait that lasts a round of theirs, and each wait would end in
     /// a doorbell (a system call on each side).
     fn poll_fill_in_turn(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        THREAD_TURNS.with(ThreadTurns::turn);
         let Some(budget) = self.wait.spin() else {
             return self.yield_now(cx);
         };
@@ -431,12 +432,15 @@ impl ThreadTurns {
         }
     }
 
+    /// Counts a poll in turn.
+    fn turn(&self) {
+        self.polls.set(self.polls.get().wrapping_add(1));
+    }
+
     /// The time, read afresh every few polls.
     fn now(&self) -> Instant {
-        let polls = self.polls.get().wrapping_add(1);
-        self.polls.set(polls);
         match self.now.get() {
-            Some(t) if polls % IN_TURN_POLLS_PER_CLOCK_CHECK != 0 => t,
+            Some(t) if self.polls.get() % IN_TURN_POLLS_PER_CLOCK_CHECK != 0 => t,
             _ => {
                 let t = Instant::now();
                 self.now.set(Some(t));
@@ -1284,13 +1288,25 @@ mod tests {
     #[tokio::test]
     async fn a_reader_in_turn_parks_once_its_budget_is_spent() {
         let group = SpinGroup::new(1);
-        let none = WaitStrategy::SpinPark {
-            spin: std::time::Duration::ZERO,
+        let short = WaitStrategy::SpinPark {
+            spin: std::time::Duration::from_micros(1),
         };
-        let mut rs = readers("parks", 2, &group, none).await;
-        // Pending on the doorbell, not woken by itself.
-        assert!(poll_once(&mut rs[0].0));
-        assert!(!rs[0].0.woke_itself());
+        let mut rs = readers("parks", 2, &group, short).await;
+        let give_up = Instant::now() + std::time::Duration::from_secs(10);
+        let mut polls = 0;
+        // Each poll is one look in turn, woken by itself, until the budget
+        // is spent; then it is pending on the doorbell, not woken by itself.
+        loop {
+            let before = turns();
+            assert!(poll_once(&mut rs[0].0));
+            assert_eq!(turns() - before, 1, "the reader did not wait in turn");
+            polls += 1;
+            if !rs[0].0.woke_itself() {
+                break;
+            }
+            assert!(Instant::now() < give_up, "no park after {polls} polls");
+        }
+        assert!(polls > 1, "parked before its budget was spent");
     }
 
     /// Sends frames on `conn` from a thread of its own, `n` of them (or
@@ -1385,21 +1401,15 @@ mod tests {
     async fn readers_in_turn_on_one_thread_get_every_frame() {
         let group = SpinGroup::new(1);
         let rs = readers("every", 3, &group, WaitStrategy::BusySpin).await;
+        let before = turns();
         let mut tasks = Vec::new();
         for (k, (mut r, client)) in rs.into_iter().enumerate() {
             let (writer, flusher) = FrameWriter::new(client.writer);
             tasks.push(tokio::spawn(async move {
                 let _ = flusher.await;
             }));
-            tasks.push(tokio::spawn(async move {
-                for i in 0..50usize {
-                    let m = Message::binary(vec![k as u8; i * 100], None);
-                    writer
-                        .send(codec::encode(&m, 1 << 20).unwrap())
-                        .await
-                        .unwrap();
-                }
-            }));
+            // Readers first, and writers that let them catch up after each
+            // frame, so that the readers find their rings empty and wait.
             tasks.push(tokio::spawn(async move {
                 for i in 0..50usize {
                     match r.next().await.unwrap() {
@@ -1410,6 +1420,16 @@ mod tests {
                     }
                 }
             }));
+            tasks.push(tokio::spawn(async move {
+                for i in 0..50usize {
+                    let m = Message::binary(vec![k as u8; i * 100], None);
+                    writer
+                        .send(codec::encode(&m, 1 << 20).unwrap())
+                        .await
+                        .unwrap();
+                    tokio::task::yield_now().await;
+                }
+            }));
         }
         tokio::time::timeout(std::time::Duration::from_secs(20), async {
             for t in tasks {
@@ -1418,6 +1438,8 @@ mod tests {
         })
         .await
         .unwrap();
+        // The test's runtime is this thread: its readers waited here, in turn.
+        assert!(turns() > before, "the readers never waited in turn");
     }
 
     /// An idle writer writes on the sender's own task, without the flusher.
