@@ -15,10 +15,11 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{ready, Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tubeway_proto::{
     codec, ops, Decoded, EncodedFrame, Message, MessageType, ResponseStatus, MIME_TEXT,
@@ -49,6 +50,10 @@ pub(crate) struct Conn {
     stopping: AtomicBool,
     /// The broker's limit from the handshake; larger messages are refused locally.
     max_send: AtomicUsize,
+    /// A task expires this connection's calls (see [`Conn::sweeper`]).
+    swept: AtomicBool,
+    /// Wakes the sweeper for a deadline earlier than the one it sleeps until.
+    sweep_sooner: Notify,
 }
 
 #[derive(Default)]
@@ -69,6 +74,9 @@ struct State {
     /// take it. Left behind once that call ends; it then costs at most a
     /// fresh id for a message sent again.
     unregistered: Option<Uuid>,
+    /// When the sweeper looks for expired calls next; `None` while it waits
+    /// for a deadline. Never later than a deadline among `pending`.
+    next_sweep: Option<Instant>,
 }
 
 impl State {
@@ -87,6 +95,8 @@ struct Waiter {
     /// The queue, for a poll: its message must not be lost if the caller
     /// is gone when it arrives.
     poll_queue: Option<String>,
+    /// When the sweeper fails the call, if it watches it.
+    expires: Option<Instant>,
 }
 
 /// Withdrawn polls remembered at most; past it all are forgotten at once
@@ -166,6 +176,8 @@ pub(crate) async fn establish(
         state: Mutex::default(),
         writer: frame_writer,
         max_send: AtomicUsize::new(max_receive),
+        swept: AtomicBool::new(false),
+        sweep_sooner: Notify::new(),
     });
     let writer = tokio::spawn(write_loop(flusher, Arc::downgrade(&conn)));
     let mut frames = FrameReader::new(stream.reader, max_receive);
@@ -268,7 +280,7 @@ impl Reader {
     /// `deadline` passes, outside the runtime (see
     /// [`FrameReader::wait_readable`]); false once `deadline` has passed or
     /// when the transport does not wait so.
-    pub(crate) fn wait_readable(&mut self, deadline: Option<Instant>) -> bool {
+    pub(crate) fn wait_readable(&mut self, deadline: Option<std::time::Instant>) -> bool {
         // A failure shows in the next read.
         self.frames.wait_readable(deadline).unwrap_or(true)
     }
@@ -577,22 +589,47 @@ impl Conn {
         self.writer.try_send(frame).unwrap_or(false)
     }
 
-    /// Registers a call waiting for the response to `msg`. A message id
-    /// already in flight (the same message sent twice at once) is replaced
-    /// by a fresh one, so each response finds its own caller. Also says
-    /// whether other calls are in flight: then this one is pipelined, and
-    /// its request may wait to be written with theirs.
+    /// [`register_pending_until`](Self::register_pending_until) with no deadline.
+    #[cfg(test)]
     pub(crate) fn register_pending(
         &self,
         msg: &mut Message,
     ) -> Result<(oneshot::Receiver<Box<Message>>, bool)> {
+        let (rx, pipelined, _) = self.register_pending_until(msg, None)?;
+        Ok((rx, pipelined))
+    }
+
+    /// Registers a call waiting for the response to `msg`. A message id
+    /// already in flight (the same message sent twice at once) is replaced
+    /// by a fresh one, so each response finds its own caller. Also says
+    /// whether other calls are in flight (then this one is pipelined, and
+    /// its request may wait to be written with theirs), and whether the
+    /// connection's sweeper watches the call's `deadline`: then the call's
+    /// channel closes once that has passed.
+    pub(crate) fn register_pending_until(
+        &self,
+        msg: &mut Message,
+        deadline: Option<Instant>,
+    ) -> Result<(oneshot::Receiver<Box<Message>>, bool, bool)> {
         let poll_queue = poll_queue(msg);
+        let expires = deadline.filter(|_| self.swept.load(Ordering::Relaxed));
         let mut s = self.lock();
         if let Some(reason) = &s.closed {
             return Err(Error::ConnectionClosed(reason.clone()));
         }
         let (tx, rx) = oneshot::channel();
-        let waiter = Waiter { tx, poll_queue };
+        let waiter = Waiter {
+            tx,
+            poll_queue,
+            expires,
+        };
+        // Calls of one timeout come in the order they expire: only the
+        // first after a sweep, or one with a shorter timeout, moves the
+        // sweep forward.
+        let sooner = expires.filter(|&e| s.next_sweep.is_none_or(|next| e < next));
+        if sooner.is_some() {
+            s.next_sweep = sooner;
+        }
         if s.unregistered == Some(msg.id) {
             msg.id = Uuid::new_v4();
         }
@@ -606,7 +643,63 @@ impl Conn {
                 Entry::Occupied(_) => msg.id = Uuid::new_v4(),
             }
         }
-        Ok((rx, s.pending.len() > 1))
+        let pipelined = s.pending.len() > 1;
+        drop(s);
+        if sooner.is_some() {
+            self.sweep_sooner.notify_one();
+        }
+        Ok((rx, pipelined, expires.is_some()))
+    }
+
+    /// The task that fails this connection's calls once their deadline
+    /// has passed, for whoever runs the reader to spawn. One timer per
+    /// connection, moved about once per timeout, instead of a timer armed
+    /// and disarmed for every call: on a connection with many calls in
+    /// flight that was a lock on the runtime's timer wheel twice per call.
+    pub(crate) fn sweeper(self: &Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
+        self.swept.store(true, Ordering::Relaxed);
+        let conn = self.clone();
+        async move {
+            let stopped = conn.stop.clone().cancelled_owned();
+            tokio::pin!(stopped);
+            loop {
+                // Made before the deadline is read: a deadline moved sooner
+                // after the read still wakes it (`notify_one` keeps a permit).
+                let sooner = conn.sweep_sooner.notified();
+                let next = conn.lock().next_sweep;
+                tokio::select! {
+                    biased;
+                    () = &mut stopped => return,
+                    () = sooner => continue,
+                    () = tokio::time::sleep_until(next.unwrap_or_else(Instant::now)),
+                        if next.is_some() => {}
+                }
+                conn.expire(Instant::now());
+            }
+        }
+    }
+
+    /// Fails the calls whose deadline is `now` or earlier, as if each
+    /// caller had given up, and sets the next sweep.
+    fn expire(&self, now: Instant) {
+        let expired: Vec<Uuid> = {
+            let mut s = self.lock();
+            let mut next: Option<Instant> = None;
+            let mut expired = Vec::new();
+            for (id, w) in &s.pending {
+                match w.expires {
+                    Some(e) if e <= now => expired.push(*id),
+                    Some(e) => next = Some(next.map_or(e, |n| n.min(e))),
+                    None => {}
+                }
+            }
+            s.next_sweep = next;
+            expired
+        };
+        // Each as its caller would: an answer that came meanwhile still wins.
+        for id in expired {
+            self.remove_pending(id);
+        }
     }
 
     /// Starts a call whose caller reads its answer itself, holding the
@@ -638,7 +731,12 @@ impl Conn {
         }
         let (tx, rx) = oneshot::channel();
         // Vacant: no call registered meanwhile took this id.
-        s.pending.insert(id, Waiter { tx, poll_queue });
+        let waiter = Waiter {
+            tx,
+            poll_queue,
+            expires: None,
+        };
+        s.pending.insert(id, waiter);
         s.unregistered = None;
         Ok(rx)
     }

@@ -2,10 +2,12 @@
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::sync::oneshot::error::RecvError;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tubeway_proto::{ops, EncodedFrame, Message, MessageType, ResponseStatus};
@@ -131,6 +133,7 @@ impl AsyncClient {
             }
         };
         tokio::spawn(reader);
+        tokio::spawn(client.conn_arc().sweeper());
         Ok(client)
     }
 
@@ -243,15 +246,26 @@ impl AsyncClient {
 
     /// Sends any message and returns its response, waiting at most `timeout`.
     pub async fn request_timeout(&self, msg: Message, timeout: Duration) -> Result<Message> {
-        self.start(msg)?.finish(timeout).await
+        // None past the clock's range: no deadline, as a timer would not fire either.
+        let deadline = tokio::time::Instant::now().checked_add(timeout);
+        self.start_until(msg, deadline)?.finish(timeout).await
     }
 
     /// The part of a request that needs no waiting: registered for its
     /// response and encoded. What is left to wait for is a small future;
     /// the message itself stays out of it.
-    pub(crate) fn start(&self, mut msg: Message) -> Result<Started<'_>> {
+    pub(crate) fn start(&self, msg: Message) -> Result<Started<'_>> {
+        self.start_until(msg, None)
+    }
+
+    /// [`start`](Self::start) for a call that gives up at `deadline`.
+    fn start_until(
+        &self,
+        mut msg: Message,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Started<'_>> {
         let conn = self.conn();
-        let (rx, pipelined) = conn.register_pending(&mut msg)?;
+        let (rx, pipelined, swept) = conn.register_pending_until(&mut msg, deadline)?;
         // Removes the entry however this call ends: answered, timed out, or cancelled.
         let pending = PendingGuard { conn, id: msg.id };
         let frame = conn.encode_owned(msg)?;
@@ -260,6 +274,7 @@ impl AsyncClient {
             frame: Some(frame),
             rx,
             pipelined,
+            swept: deadline.filter(|_| swept),
         })
     }
 
@@ -279,6 +294,7 @@ impl AsyncClient {
             frame: unsent,
             rx,
             pipelined: false,
+            swept: None,
         })
     }
 
@@ -612,34 +628,83 @@ pub(crate) struct Started<'a> {
     frame: Option<EncodedFrame>,
     rx: oneshot::Receiver<Box<Message>>,
     pipelined: bool,
+    /// The deadline the connection's sweeper fails the call at, if it does.
+    swept: Option<tokio::time::Instant>,
 }
 
 impl Started<'_> {
     /// Writes the request and waits at most `timeout` for its response.
     pub(crate) async fn finish(self, timeout: Duration) -> Result<Message> {
-        let answer = tokio::time::timeout(timeout, self.exchange())
-            .await
-            .map_err(|_| Error::Timeout(timeout))??;
-        Ok(*answer)
+        let timed_out = || Error::Timeout(timeout);
+        let Some(deadline) = self.swept else {
+            let answer = tokio::time::timeout(timeout, self.exchange())
+                .await
+                .map_err(|_| timed_out())??;
+            return Ok(*answer);
+        };
+        let (conn, answer) = self.send_and_wait(Some((deadline, timeout))).await?;
+        match answer {
+            Ok(answer) => Ok(*answer),
+            // The connection's end closes every call's channel; the
+            // sweeper, only that of a call whose deadline has passed.
+            Err(_) if conn.is_closed() => Err(conn.closed_error()),
+            Err(_) => Err(timed_out()),
+        }
     }
 
     /// Writes the request and waits for its response, for as long as the
     /// caller lets this future run.
     pub(crate) async fn exchange(self) -> Result<Box<Message>> {
+        let (conn, answer) = self.send_and_wait(None).await?;
+        answer.map_err(|_| conn.closed_error())
+    }
+
+    /// Writes the request, giving up at `deadline` (and failing with a
+    /// timeout of the duration beside it) if it has to wait for room, and
+    /// waits for the call's channel, which closes unanswered when the
+    /// connection ends or, for a call the sweeper watches, at its deadline.
+    async fn send_and_wait<'a>(
+        self,
+        deadline: Option<(tokio::time::Instant, Duration)>,
+    ) -> Result<(&'a Conn, std::result::Result<Box<Message>, RecvError>)>
+    where
+        Self: 'a,
+    {
         let Started {
             pending,
             frame,
             rx,
             pipelined,
+            ..
         } = self;
         let conn = pending.conn;
         if let Some(frame) = frame {
-            conn.send_frame_as(frame, pipelined).await?;
+            let mut send = std::pin::pin!(conn.send_frame_as(frame, pipelined));
+            // Most sends are done at once; only one that waits for room
+            // needs a timer, which the sweeper does not stand in for.
+            let first = std::future::poll_fn(|cx| Poll::Ready(send.as_mut().poll(cx))).await;
+            match (first, deadline) {
+                (Poll::Ready(sent), _) => sent?,
+                (Poll::Pending, None) => send.await?,
+                (Poll::Pending, Some((at, timeout))) => {
+                    // Boxed: a timer inline would double the size of every
+                    // call's future for a wait that is rare.
+                    let mut expiry = Box::pin(tokio::time::sleep_until(at));
+                    std::future::poll_fn(|cx| match send.as_mut().poll(cx) {
+                        Poll::Ready(sent) => Poll::Ready(sent),
+                        Poll::Pending => expiry
+                            .as_mut()
+                            .poll(cx)
+                            .map(|()| Err(Error::Timeout(timeout))),
+                    })
+                    .await?
+                }
+            }
         }
-        let response = rx.await.map_err(|_| conn.closed_error());
+        let answer = rx.await;
         // Until here the guard removes the entry if this future is dropped.
         pending.taken();
-        response
+        Ok((conn, answer))
     }
 }
 

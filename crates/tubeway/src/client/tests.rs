@@ -117,6 +117,19 @@ async fn pair() -> (AsyncClient, Peer) {
     pair_with(ClientOptions::default(), 1 << 20).await
 }
 
+/// A pair whose broker understands `cancel`.
+async fn pair_that_cancels() -> (AsyncClient, Peer) {
+    let url = mem_url();
+    let mut listener = Listener::bind(&url).await.unwrap();
+    let url = url.to_string();
+    let (client, peer) = tokio::join!(AsyncClient::connect(&url), async {
+        let mut peer = accept(&mut listener).await;
+        welcome_with(&mut peer, 1 << 20, vec![ops::CAP_CANCEL.into()]).await;
+        peer
+    });
+    (client.unwrap(), peer)
+}
+
 #[tokio::test]
 async fn handshake_sets_limit_and_name() {
     let options = ClientOptions {
@@ -308,6 +321,101 @@ async fn timeout_removes_the_pending_entry() {
     let m = peer.recv().await;
     peer.answer(&m, ResponseStatus::Ok).await;
     within(ping).await.unwrap().unwrap();
+}
+
+/// Makes `msg` on its own task with `timeout`.
+fn spawn_request(
+    client: &AsyncClient,
+    msg: Message,
+    timeout: Duration,
+) -> tokio::task::JoinHandle<crate::Result<Message>> {
+    let client = client.clone();
+    tokio::spawn(async move { client.request_timeout(msg, timeout).await })
+}
+
+#[tokio::test]
+async fn a_short_timeout_expires_on_time_behind_a_long_one() {
+    let (client, mut peer) = pair().await;
+    // The connection's one timer is set for this call's deadline first.
+    let long = spawn_request(
+        &client,
+        Message::new(MessageType::Ping),
+        Duration::from_secs(60),
+    );
+    let waiting = peer.recv().await;
+    // `within` (5 s) fails the test if these wait for the long deadline.
+    for _ in 0..2 {
+        let short = spawn_request(
+            &client,
+            Message::new(MessageType::Ping),
+            Duration::from_millis(30),
+        );
+        peer.recv().await;
+        let r = within(short).await.unwrap();
+        assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
+    }
+    assert_eq!(client.conn().pending_len(), 1, "the long call still waits");
+    peer.answer(&waiting, ResponseStatus::Ok).await;
+    within(long).await.unwrap().unwrap();
+    assert_eq!(client.conn().pending_len(), 0);
+}
+
+#[tokio::test]
+async fn a_call_whose_request_waits_for_room_times_out() {
+    let (client, _peer) = pair_with(ClientOptions::default(), 64 << 20).await;
+    // The peer reads nothing: this request fills the socket and the write
+    // queue past its bound.
+    let big = Message::binary(vec![0u8; 2 * tubeway_transport::WRITE_QUEUE_BYTES], None);
+    let _big = spawn_request(&client, big, Duration::from_secs(60));
+    tokio::task::yield_now().await;
+    let r =
+        within(client.request_timeout(Message::new(MessageType::Ping), Duration::from_millis(30)))
+            .await;
+    assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
+}
+
+#[tokio::test]
+async fn an_async_clients_calls_share_the_connections_timer() {
+    let (client, _peer) = pair().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    let started = client
+        .start_until(Message::new(MessageType::Ping), Some(deadline))
+        .unwrap();
+    assert_eq!(started.swept, Some(deadline));
+    // A call without a deadline is not watched.
+    let other = client.start(Message::new(MessageType::Ping)).unwrap();
+    assert_eq!(other.swept, None);
+}
+
+#[tokio::test]
+async fn a_poll_that_times_out_is_withdrawn_and_its_late_message_offered_back() {
+    let (client, mut peer) = pair_that_cancels().await;
+    let poll = Message::new(MessageType::Poll).with_destination("jobs");
+    let poll = spawn_request(&client, poll, Duration::from_millis(30));
+    let req = peer.recv().await;
+    let r = within(poll).await.unwrap();
+    assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
+    expect_withdrawn_then_offer_back(&mut peer, &req).await;
+}
+
+/// Expects poll `req` on `jobs` withdrawn, then answers it with a message
+/// (as a broker that had sent it already would) and expects that message
+/// offered back to its queue.
+async fn expect_withdrawn_then_offer_back(peer: &mut Peer, req: &Message) {
+    let cancel = peer.recv().await;
+    assert_eq!(cancel.r#type, MessageType::Cancel);
+    assert_eq!(cancel.correlation_id, Some(req.id));
+    assert!(cancel.oneway);
+    let answer =
+        req.response(ResponseStatus::Ok)
+            .with_text("job 1", tubeway_proto::MIME_TEXT, "utf-8");
+    peer.send(&answer).await;
+    let back = peer.recv().await;
+    assert_eq!(back.r#type, MessageType::Offer);
+    assert_eq!(back.destination.as_deref(), Some("jobs"));
+    assert_eq!(back.text_payload().unwrap(), "job 1");
+    assert!(back.oneway);
+    assert_ne!(back.id, req.id);
 }
 
 #[tokio::test]
@@ -830,35 +938,13 @@ async fn oversized_request_to_a_worker_is_refused_and_the_connection_survives() 
 /// queue rather than drop it.
 #[tokio::test]
 async fn a_message_for_a_withdrawn_poll_is_offered_back() {
-    let url = mem_url();
-    let mut listener = Listener::bind(&url).await.unwrap();
-    let url = url.to_string();
-    let (client, mut peer) = tokio::join!(AsyncClient::connect(&url), async {
-        let mut peer = accept(&mut listener).await;
-        welcome_with(&mut peer, 1 << 20, vec![ops::CAP_CANCEL.into()]).await;
-        peer
-    });
-    let client = client.unwrap();
+    let (client, mut peer) = pair_that_cancels().await;
     let c = client.clone();
     let poll = tokio::spawn(async move { c.poll("jobs", Duration::from_secs(60)).await });
     let req = peer.recv().await;
     assert_eq!(req.r#type, MessageType::Poll);
     poll.abort();
-    let cancel = peer.recv().await;
-    assert_eq!(cancel.r#type, MessageType::Cancel);
-    assert_eq!(cancel.correlation_id, Some(req.id));
-    assert!(cancel.oneway);
-    // The answer had left the broker already.
-    let answer =
-        req.response(ResponseStatus::Ok)
-            .with_text("job 1", tubeway_proto::MIME_TEXT, "utf-8");
-    peer.send(&answer).await;
-    let back = peer.recv().await;
-    assert_eq!(back.r#type, MessageType::Offer);
-    assert_eq!(back.destination.as_deref(), Some("jobs"));
-    assert_eq!(back.text_payload().unwrap(), "job 1");
-    assert!(back.oneway);
-    assert_ne!(back.id, req.id);
+    expect_withdrawn_then_offer_back(&mut peer, &req).await;
     // An empty answer to a withdrawn poll is simply dropped.
     let c = client.clone();
     let poll = tokio::spawn(async move { c.poll("jobs", Duration::from_secs(60)).await });
