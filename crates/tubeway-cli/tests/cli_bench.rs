@@ -344,9 +344,15 @@ fn the_lone_client_is_the_one_asked_for() {
 #[test]
 fn the_table_is_for_people() {
     let mut cmd = tubeway();
-    cmd.args(["bench", "--transport", "tcp", "--mode", "echo,queue,oneway"])
-        .args(["--figures", "size,round-trip", "--payload", "5KB"])
-        .args(TINY);
+    cmd.args([
+        "bench",
+        "--transport",
+        "tcp",
+        "--mode",
+        "echo,worker,queue,oneway",
+    ])
+    .args(["--figures", "size,round-trip", "--payload", "5KB"])
+    .args(TINY);
     let out = run(&mut cmd);
     let stdout = out.ok();
     for expected in [
@@ -354,6 +360,7 @@ fn the_table_is_for_people() {
         "method:   each figure warmed up for 20ms, then measured in 2 runs of 60ms",
         "others:   other processes used",
         "== tcp echo:",
+        "== tcp worker:",
         "== tcp queue:",
         "== tcp oneway:",
         "throughput by payload size",

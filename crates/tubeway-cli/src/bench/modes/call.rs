@@ -35,7 +35,7 @@ impl Mode for Call {
     }
 
     fn prepare<'a>(&'a self, setup: &'a Setup) -> BoxFuture<'a, anyhow::Result<Arc<dyn Workload>>> {
-        Box::pin(Calls::open(setup, ACK, false))
+        Box::pin(Calls::open(setup, ACK.into(), false))
     }
 }
 
@@ -44,11 +44,11 @@ pub fn request_len(function: &str, payload: usize) -> usize {
     frame_len(&[TIMEOUT, function.len()], payload)
 }
 
-/// Calls of one built-in function: `ack` (an empty answer) or `echo` (the
-/// payload back).
+/// Calls of one function that answers an empty `ok` (`ack`), or the
+/// payload back (`echo`) if `echoes`.
 pub struct Calls {
     senders: Senders,
-    function: &'static str,
+    function: String,
     echoes: bool,
 }
 
@@ -56,14 +56,19 @@ impl Calls {
     /// Opens the connections of a workload calling `function`.
     pub async fn open(
         setup: &Setup,
-        function: &'static str,
+        function: String,
         echoes: bool,
     ) -> anyhow::Result<Arc<dyn Workload>> {
-        Ok(Arc::new(Calls {
+        Ok(Arc::new(Calls::new(setup, function, echoes).await?))
+    }
+
+    /// [`open`](Self::open), for a workload that adds to it.
+    pub async fn new(setup: &Setup, function: String, echoes: bool) -> anyhow::Result<Calls> {
+        Ok(Calls {
             senders: Senders::open(setup).await?,
             function,
             echoes,
-        }))
+        })
     }
 
     /// Checks that the answer is what the function sends back.
@@ -91,14 +96,14 @@ impl Workload for Calls {
     fn op(&self, lane: usize) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {
             let client = self.senders.conns.async_client(lane)?;
-            self.check(&client.send(self.function, self.senders.message()).await?)
+            self.check(&client.send(&self.function, self.senders.message()).await?)
         })
     }
 
     fn lane(&self, lane: usize, _give_up: Instant) -> anyhow::Result<Box<dyn Lane + '_>> {
         let client = self.senders.conns.blocking(lane)?;
         Ok(Box::new(FnLane(move || {
-            self.check(&client.send(self.function, self.senders.message())?)
+            self.check(&client.send(&self.function, self.senders.message())?)
         })))
     }
 

@@ -31,6 +31,6 @@ impl Mode for Echo {
     }
 
     fn prepare<'a>(&'a self, setup: &'a Setup) -> BoxFuture<'a, anyhow::Result<Arc<dyn Workload>>> {
-        Box::pin(Calls::open(setup, ECHO, true))
+        Box::pin(Calls::open(setup, ECHO.into(), true))
     }
 }

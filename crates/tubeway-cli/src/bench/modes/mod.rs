@@ -30,11 +30,13 @@ mod echo;
 mod oneway;
 mod publish;
 mod queue;
+mod worker;
 
 /// Every mode, in the order the report shows them.
 pub static MODES: &[&dyn Mode] = &[
     &call::Call,
     &echo::Echo,
+    &worker::Worker,
     &oneway::Oneway,
     &queue::Queue,
     &publish::Publish,
@@ -400,7 +402,7 @@ mod tests {
         assert_eq!(names(&["echo", "CALL", "echo"]).unwrap(), ["echo", "call"]);
         assert_eq!(
             names(&["all"]).unwrap(),
-            ["call", "echo", "oneway", "queue", "publish", "channel"]
+            ["call", "echo", "worker", "oneway", "queue", "publish", "channel"]
         );
         let err = names(&["carrier-pigeon"]).unwrap_err();
         assert!(err.contains("unknown mode \"carrier-pigeon\""), "{err}");
@@ -435,6 +437,31 @@ mod tests {
         let echoed = ack.with_payload_of(&request);
         let down = echo::Echo.exchanges(payload.len())[0].down;
         assert_eq!(down, encoded(&echoed));
+    }
+
+    #[test]
+    fn a_forwarded_call_is_the_frame_the_worker_mode_expects() {
+        let encoded = |m: &Message| tubeway_proto::codec::encode(m, usize::MAX).unwrap().len();
+        let payload = Bytes::from_static(&[7u8; 64]);
+        let name = "bench-shm12";
+        // As the broker forwards a call: its correlation is the worker's registration.
+        let mut forwarded = Message::binary(payload.clone(), None)
+            .with_type(tubeway::MessageType::Request)
+            .with_destination(name)
+            .with_timeout(BROKER_WAIT);
+        forwarded.correlation_id = Some(Message::request().id);
+        let [up, fwd] = worker::Worker.exchanges(payload.len())[..] else {
+            panic!("two exchanges");
+        };
+        assert_eq!(fwd.up, encoded(&forwarded) + 10 - name.len());
+        assert_eq!(
+            up.up,
+            call::request_len(name, payload.len()) + 10 - name.len()
+        );
+        // The worker's answer, like the broker's to the caller, is an empty ok.
+        let answer = forwarded.response(tubeway::ResponseStatus::Ok);
+        assert_eq!(fwd.down, encoded(&answer));
+        assert_eq!(up.down, encoded(&answer));
     }
 
     #[test]
