@@ -76,6 +76,12 @@ impl BrokerConfig {
         self
     }
 
+    /// Sets the requests one connection may have waiting at once (at least one).
+    pub fn max_in_flight_per_connection(mut self, n: usize) -> Self {
+        self.max_in_flight_per_connection = n.max(1);
+        self
+    }
+
     /// Sets the per-subscriber buffer.
     pub fn subscriber_buffer(mut self, n: usize) -> Self {
         self.subscriber_buffer = n.max(1);

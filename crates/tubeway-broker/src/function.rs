@@ -184,7 +184,8 @@ impl Function {
         self.local.is_none() && lock(&self.workers).is_empty()
     }
 
-    fn pick_worker(&self) -> Option<WorkerRef> {
+    /// The next worker, round-robin.
+    pub(crate) fn pick_worker(&self) -> Option<WorkerRef> {
         let ws = lock(&self.workers);
         if ws.is_empty() {
             return None;
@@ -218,7 +219,8 @@ impl Function {
         Inline::Done(answer)
     }
 
-    fn count(&self, failed: bool) {
+    /// Counts a call that ended, and whether it failed.
+    pub(crate) fn count(&self, failed: bool) {
         self.calls.fetch_add(1, Ordering::Relaxed);
         if failed {
             self.errors.fetch_add(1, Ordering::Relaxed);

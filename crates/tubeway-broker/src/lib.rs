@@ -18,6 +18,7 @@
 mod access;
 mod broker;
 mod config;
+mod forward;
 mod function;
 mod queue;
 mod session;

@@ -14,7 +14,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::{oneshot, Notify, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tubeway_proto::ops::{self, Hello, Welcome};
@@ -27,6 +27,8 @@ use uuid::Uuid;
 
 use crate::access::{self, Identity};
 use crate::broker::{check_name, queue_error, BrokerError, Inner};
+use crate::forward::WorkerCalls;
+use crate::forward::{self, Reply, Route};
 use crate::function::{Function, Inline, WorkerRef};
 use crate::queue::QueueError;
 use crate::stats::Counters;
@@ -44,10 +46,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// What a response needs to know of the request it answers.
 #[derive(Debug, Clone)]
-struct ReplyTo {
-    id: Uuid,
-    request_id: Option<String>,
-    oneway: bool,
+pub(crate) struct ReplyTo {
+    pub id: Uuid,
+    pub request_id: Option<String>,
+    pub oneway: bool,
 }
 
 impl ReplyTo {
@@ -91,9 +93,16 @@ pub(crate) struct SessionShared {
     peer: String,
     inner: Arc<Inner>,
     writer: FrameWriter,
-    worker_calls: Mutex<HashMap<Uuid, oneshot::Sender<Message>>>,
+    /// Calls forwarded to this connection as a worker (see [`crate::forward`]).
+    worker_calls: Mutex<WorkerCalls>,
+    /// Wakes the sweeper of `worker_calls` for a deadline sooner than the
+    /// one it sleeps until.
+    pub(crate) sweep_sooner: Notify,
+    /// The runtime the connection is served on, which runs its sweeper: a
+    /// task of the caller's would keep the caller's thread alive.
+    pub(crate) runtime: tokio::runtime::Handle,
     /// Cancelled when the peer is gone: waiting requests stop at once.
-    gone: CancellationToken,
+    pub(crate) gone: CancellationToken,
     /// Set with `gone`: what every send checks (a look at the token takes
     /// a lock).
     is_gone: AtomicBool,
@@ -110,6 +119,16 @@ struct Waiting {
     shared: Arc<SessionShared>,
     id: Uuid,
     token: CancellationToken,
+}
+
+/// What [`SessionShared::send_now`] did.
+pub(crate) enum SendNow {
+    /// Written, or queued for writing.
+    Sent,
+    /// The writer's queue is full: the frame, to send by waiting.
+    Full(EncodedFrame),
+    /// The connection is gone.
+    Gone,
 }
 
 impl SessionShared {
@@ -141,10 +160,15 @@ impl SessionShared {
     /// connection is doing, with the other answers in one system call when
     /// several requests run at the same time. False when the connection is gone.
     pub async fn send(&self, msg: &Message) -> bool {
+        self.send_as(msg, self.pipelined()).await
+    }
+
+    /// Whether other requests of this connection are in flight beside the
+    /// one being answered, which holds one permit: then answers go out
+    /// together.
+    fn pipelined(&self) -> bool {
         let max = self.inner.config.max_in_flight_per_connection;
-        // This request holds one permit; any other means company.
-        let pipelined = self.inflight.available_permits() + 1 < max;
-        self.send_as(msg, pipelined).await
+        self.inflight.available_permits() + 1 < max
     }
 
     /// Sends `msg`, written with whatever else is queued when `batch`.
@@ -152,26 +176,14 @@ impl SessionShared {
         if self.is_gone.load(Ordering::Acquire) {
             return false;
         }
-        let max = self.inner.config.max_message_size;
-        let frame: EncodedFrame = match codec::encode(msg, max) {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::warn!(peer = %self.peer, error = %e, "cannot encode outgoing message");
-                if msg.r#type != MessageType::Response {
-                    return true;
-                }
-                // The caller still gets an answer, just not the oversized one.
-                let mut r = Message::new(MessageType::Response);
-                r.correlation_id = msg.correlation_id;
-                r.request_id.clone_from(&msg.request_id);
-                r.response_status = Some(ResponseStatus::TooLarge);
-                let r = r.with_text(format!("response not sent: {e}"), MIME_TEXT, "utf-8");
-                match codec::encode(&r, max) {
-                    Ok(f) => f,
-                    Err(_) => return true,
-                }
-            }
+        let Some(frame) = self.encode_out(msg) else {
+            return true;
         };
+        self.send_frame(frame, batch).await
+    }
+
+    /// Sends `frame`, waiting while the writer's queue is full.
+    async fn send_frame(&self, frame: EncodedFrame, batch: bool) -> bool {
         // Counted before it is written: once written, the peer may already
         // be asking for statistics that must include it.
         let out = &self.inner.counters.messages_out;
@@ -188,8 +200,64 @@ impl SessionShared {
         true
     }
 
-    /// Sends `reply`, counting errors; a oneway request gets nothing.
-    async fn answer(&self, to: &ReplyTo, result: Result<Message, BrokerError>) -> bool {
+    /// Sends `msg` if that needs no waiting, from code that cannot wait;
+    /// with whatever else is queued when `batch`.
+    pub(crate) fn send_now(&self, msg: &Message, batch: bool) -> SendNow {
+        if self.is_gone.load(Ordering::Acquire) {
+            return SendNow::Gone;
+        }
+        let Some(frame) = self.encode_out(msg) else {
+            return SendNow::Sent;
+        };
+        let out = &self.inner.counters.messages_out;
+        Counters::inc(out);
+        let admitted = if batch {
+            self.writer.try_send_batched_or_return(frame)
+        } else {
+            self.writer.try_send_or_return(frame)
+        };
+        match admitted {
+            Ok(None) => SendNow::Sent,
+            Ok(Some(frame)) => {
+                out.fetch_sub(1, Ordering::Relaxed);
+                SendNow::Full(frame)
+            }
+            Err(_) => {
+                out.fetch_sub(1, Ordering::Relaxed);
+                SendNow::Gone
+            }
+        }
+    }
+
+    /// `msg` as a frame; for a response too large to send, the `too_large`
+    /// answer that replaces it; `None` for anything else that cannot be sent.
+    fn encode_out(&self, msg: &Message) -> Option<EncodedFrame> {
+        let max = self.inner.config.max_message_size;
+        match codec::encode(msg, max) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, error = %e, "cannot encode outgoing message");
+                if msg.r#type != MessageType::Response {
+                    return None;
+                }
+                // The caller still gets an answer, just not the oversized one.
+                let mut r = Message::new(MessageType::Response);
+                r.correlation_id = msg.correlation_id;
+                r.request_id.clone_from(&msg.request_id);
+                r.response_status = Some(ResponseStatus::TooLarge);
+                let r = r.with_text(format!("response not sent: {e}"), MIME_TEXT, "utf-8");
+                codec::encode(&r, max).ok()
+            }
+        }
+    }
+
+    /// The message that answers `to` with `result`, counting errors; `None`
+    /// for a oneway request, which gets nothing.
+    fn answer_message(
+        &self,
+        to: &ReplyTo,
+        result: Result<Message, BrokerError>,
+    ) -> Option<Message> {
         let msg = match result {
             Ok(m) => m,
             Err(e) => {
@@ -198,16 +266,41 @@ impl SessionShared {
                 to.error(&e)
             }
         };
-        if to.oneway {
-            return true;
+        (!to.oneway).then_some(msg)
+    }
+
+    /// [`answer`](Self::answer) from code that cannot wait: written at once
+    /// if the writer has room, else by a task that waits for it.
+    pub(crate) fn answer_now(self: &Arc<Self>, to: &ReplyTo, result: Result<Message, BrokerError>) {
+        let Some(msg) = self.answer_message(to, result) else {
+            return;
+        };
+        let batch = self.pipelined();
+        if let SendNow::Full(frame) = self.send_now(&msg, batch) {
+            let shared = self.clone();
+            self.inner.tracker.spawn(async move {
+                shared.send_frame(frame, batch).await;
+            });
         }
+    }
+
+    pub(crate) fn worker_calls(&self) -> std::sync::MutexGuard<'_, WorkerCalls> {
+        lock(&self.worker_calls)
+    }
+
+    /// Sends `reply`, counting errors; a oneway request gets nothing.
+    async fn answer(&self, to: &ReplyTo, result: Result<Message, BrokerError>) -> bool {
+        let Some(msg) = self.answer_message(to, result) else {
+            return true;
+        };
         self.send(&msg).await
     }
 
-    /// Forwards a call to this connection, which serves the function as a
-    /// worker, and waits for its answer.
+    /// Forwards a call from inside the broker's process to this
+    /// connection, which serves the function as a worker, and waits for its
+    /// answer. Calls from clients go without waiting (see [`crate::forward`]).
     pub async fn forward_call(
-        &self,
+        self: &Arc<Self>,
         req: Message,
         registration: Uuid,
     ) -> Result<Option<Message>, BrokerError> {
@@ -220,45 +313,34 @@ impl SessionShared {
             None
         } else {
             let (tx, rx) = oneshot::channel();
-            lock(&self.worker_calls).insert(fwd_id, tx);
+            self.await_worker(fwd_id, Reply::Waiter(tx));
             Some(rx)
         };
         // Removes the entry however this call ends (answer, timeout, caller gone).
-        struct Pending<'a>(&'a Mutex<HashMap<Uuid, oneshot::Sender<Message>>>, Uuid);
+        struct Pending<'a>(&'a SessionShared, Uuid);
         impl Drop for Pending<'_> {
             fn drop(&mut self) {
-                lock(self.0).remove(&self.1);
+                self.0.worker_calls().remove(&self.1);
             }
         }
-        let _pending = Pending(&self.worker_calls, fwd_id);
-        let gone = || {
-            BrokerError::new(
-                ResponseStatus::ServerError,
-                "worker disconnected before answering",
-            )
-        };
+        let _pending = Pending(self, fwd_id);
         if !self.send(&fwd).await {
-            return Err(gone());
+            return Err(forward::worker_gone());
         }
         let Some(rx) = rx else { return Ok(None) };
-        let mut resp = rx.await.map_err(|_| gone())?;
-        resp.id = Uuid::new_v4();
-        resp.correlation_id = Some(caller.id);
-        resp.request_id = caller.request_id;
-        if resp.response_status.is_none() {
-            resp.response_status = Some(ResponseStatus::ServerError);
-        }
-        Ok(Some(resp))
+        let resp = rx.await.map_err(|_| forward::worker_gone())?;
+        Ok(Some(forward::readdressed(resp, &caller)))
     }
 
     fn worker_answered(&self, resp: Message) {
         let waiter = resp
             .correlation_id
-            .and_then(|c| lock(&self.worker_calls).remove(&c));
+            .and_then(|c| self.worker_calls().remove(&c));
         match waiter {
-            Some(tx) => {
+            Some(Reply::Waiter(tx)) => {
                 let _ = tx.send(resp);
             }
+            Some(Reply::Route(route)) => route.answered(resp),
             // The call timed out or its caller left; nothing to do.
             None => tracing::debug!(peer = %self.peer, "response to no pending call"),
         }
@@ -330,6 +412,8 @@ pub(crate) async fn run(
         inner: inner.clone(),
         writer,
         worker_calls: Mutex::default(),
+        sweep_sooner: Notify::new(),
+        runtime: tokio::runtime::Handle::current(),
         gone: CancellationToken::new(),
         is_gone: AtomicBool::new(false),
         inflight: Arc::new(Semaphore::new(inner.config.max_in_flight_per_connection)),
@@ -619,7 +703,7 @@ impl Session {
     /// anything else is answered `unavailable`.
     async fn drain(&mut self, reader: &mut FrameReader) {
         let until = Instant::now() + self.inner.config.shutdown_timeout;
-        while !lock(&self.shared.worker_calls).is_empty() {
+        while !self.shared.worker_calls().is_empty() {
             let item = tokio::select! {
                 _ = tokio::time::sleep_until(until) => return,
                 r = reader.next() => r,
@@ -831,6 +915,9 @@ impl Session {
             Inline::NotInline(m) => m,
         };
         let f = f.clone();
+        if f.local.is_none() {
+            return self.forward(f, to, m).await;
+        }
         let timeout = m.timeout.filter(|t| !t.is_zero());
         self.spawn(to, async move {
             let call = f.call(*m);
@@ -851,6 +938,74 @@ impl Session {
             }
         })
         .await;
+    }
+
+    /// Forwards a client's call to one of the function's workers. The
+    /// answer goes from the worker's connection straight to this one; no
+    /// task waits for it (see [`crate::forward`]).
+    async fn forward(&mut self, f: Arc<Function>, to: ReplyTo, m: Box<Message>) {
+        // Waiting here stops this connection's reads: back-pressure on a
+        // client that floods calls, as for requests that run on tasks.
+        let Ok(permit) = self.inflight.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(worker) = f.pick_worker() else {
+            f.count(true);
+            let e = BrokerError::new(
+                ResponseStatus::FunctionNotFound,
+                format!("function {:?} has no workers", f.name),
+            );
+            self.shared.answer(&to, Err(e)).await;
+            return;
+        };
+        let expires = m
+            .timeout
+            .filter(|t| !t.is_zero())
+            .and_then(|t| Instant::now().checked_add(t).map(|at| (at, t)));
+        let mut fwd = *m;
+        fwd.id = Uuid::new_v4();
+        fwd.correlation_id = Some(worker.registration);
+        let fwd_id = fwd.id;
+        let w = worker.session;
+        // A oneway call keeps its slot only while its request waits for room.
+        let mut permit = Some(permit);
+        if !to.oneway {
+            let Some(permit) = permit.take() else { return };
+            let route = Route {
+                caller: self.shared.clone(),
+                to: to.clone(),
+                function: f.clone(),
+                expires,
+                _permit: permit,
+            };
+            w.await_worker(fwd_id, Reply::Route(route));
+        }
+        // A call with an answer is counted when that comes.
+        let count = |f: &Function, sent: bool| {
+            if to.oneway {
+                f.count(!sent);
+            }
+        };
+        match w.send_now(&fwd, false) {
+            SendNow::Sent => count(&f, true),
+            SendNow::Full(frame) => {
+                let caller = self.shared.clone();
+                self.inner.tracker.spawn(async move {
+                    let _permit = permit;
+                    let sent = w.send_frame(frame, false).await;
+                    if to.oneway {
+                        f.count(!sent);
+                    }
+                    if !sent {
+                        forwarding_failed(&w, fwd_id, &caller, &to);
+                    }
+                });
+            }
+            SendNow::Gone => {
+                count(&f, false);
+                forwarding_failed(&w, fwd_id, &self.shared, &to);
+            }
+        }
     }
 
     async fn offer(&mut self, mut m: Message) {
@@ -1055,7 +1210,20 @@ impl Session {
             self.deregister_workers(&f, None);
         }
         // Callers waiting on this worker get "worker disconnected".
-        lock(&self.shared.worker_calls).clear();
+        self.shared.fail_worker_calls();
+    }
+}
+
+/// A call whose request could not reach worker `w` fails, unless the
+/// worker's end failed it already.
+fn forwarding_failed(w: &SessionShared, fwd_id: Uuid, caller: &Arc<SessionShared>, to: &ReplyTo) {
+    if to.oneway {
+        caller.answer_now(to, Err(forward::worker_gone()));
+        return;
+    }
+    let owed = w.worker_calls().remove(&fwd_id);
+    if let Some(Reply::Route(route)) = owed {
+        route.failed(forward::worker_gone());
     }
 }
 

@@ -739,6 +739,16 @@ impl FrameWriter {
         self.handle.shared.admit(frame, false)
     }
 
+    /// [`try_send_or_return`](Self::try_send_or_return) for a frame among
+    /// others being sent at the same time, as
+    /// [`send_batched`](Self::send_batched) sends it.
+    pub fn try_send_batched_or_return(
+        &self,
+        frame: EncodedFrame,
+    ) -> Result<Option<EncodedFrame>, WriteError> {
+        self.handle.shared.admit(frame, true)
+    }
+
     /// Holds frames back until [`uncork`](FrameWriter::uncork): for a
     /// sender that knows more frames follow at once (answers to requests
     /// that arrived together), so they leave together.

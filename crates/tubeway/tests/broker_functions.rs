@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{assert_status, on_thread, status, step, text, within, Harness};
 use tokio::sync::mpsc;
-use tubeway::{Client, Error, Message, ResponseStatus};
+use tubeway::{BrokerConfig, Client, Error, Message, ResponseStatus};
 
 crate::transport_tests! {
     call_from_async_client,
@@ -27,6 +27,11 @@ crate::transport_tests! {
     remote_worker_serves_calls,
     two_workers_share_calls_round_robin,
     worker_disconnect_fails_the_call_in_flight,
+    a_short_remote_timeout_expires_behind_a_long_one,
+    a_late_remote_answer_is_dropped_and_every_call_counted,
+    a_remote_answer_to_a_caller_that_left_is_dropped,
+    forwarded_calls_keep_to_the_callers_in_flight_limit
+        with BrokerConfig::default().max_in_flight_per_connection(2),
     call_timeout_shorter_than_the_handler,
     blocking_call_gives_up_at_its_own_timeout,
     function_status_counts_calls_and_errors,
@@ -524,6 +529,146 @@ async fn worker_disconnect_fails_the_call_in_flight(h: &Harness) {
         }
     })
     .await;
+}
+
+/// Serves `name` on a connection of its own; each call reports that it
+/// started, then waits for a permit of `release` before it answers "done".
+async fn held_worker(
+    h: &Harness,
+    name: &str,
+) -> (
+    tubeway::AsyncClient,
+    tubeway::Worker,
+    mpsc::UnboundedReceiver<()>,
+    Arc<tokio::sync::Semaphore>,
+) {
+    let client = h.client().await;
+    let (started_tx, started_rx) = mpsc::unbounded_channel::<()>();
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = release.clone();
+    let worker = step(client.serve_async(name, move |_m: Message| {
+        let (started, held) = (started_tx.clone(), held.clone());
+        async move {
+            started.send(()).unwrap();
+            held.acquire().await.unwrap().forget();
+            Ok(Message::plain_text("done"))
+        }
+    }))
+    .await
+    .unwrap();
+    (client, worker, started_rx, release)
+}
+
+/// The broker sweeps a worker's calls for expired deadlines: a call with
+/// a short timeout must not wait for the deadline of an earlier, longer one.
+async fn a_short_remote_timeout_expires_behind_a_long_one(h: &Harness) {
+    let (worker_client, _w, mut started, _release) = held_worker(h, "held").await;
+    let caller = h.client().await;
+    let long = {
+        let caller = caller.clone();
+        tokio::spawn(async move {
+            caller
+                .send_timeout("held", Message::plain_text("long"), Duration::from_secs(20))
+                .await
+        })
+    };
+    step(started.recv()).await.unwrap();
+    for _ in 0..2 {
+        let t0 = Instant::now();
+        let r = step(caller.send_timeout(
+            "held",
+            Message::plain_text("short"),
+            Duration::from_millis(100),
+        ))
+        .await;
+        assert_status(r, ResponseStatus::Timeout);
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    }
+    // The long call is still owed; the worker's end fails it.
+    worker_client.close().await;
+    let e = within(Duration::from_secs(5), long)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(status(&e), ResponseStatus::ServerError, "{e}");
+}
+
+async fn a_late_remote_answer_is_dropped_and_every_call_counted(h: &Harness) {
+    let (_worker_client, _w, mut started, release) = held_worker(h, "late").await;
+    let caller = h.client().await;
+    let r = step(caller.send_timeout("late", Message::plain_text("x"), Duration::from_millis(100)))
+        .await;
+    assert_status(r, ResponseStatus::Timeout);
+    step(started.recv()).await.unwrap();
+    // Answered now, to nobody; then a call that is answered in time.
+    release.add_permits(2);
+    let r = step(caller.send("late", Message::plain_text("y")))
+        .await
+        .unwrap();
+    assert_eq!(text(&r), "done");
+    let s = step(caller.function_status("late")).await.unwrap();
+    assert_eq!((s.calls, s.errors), (2, 1));
+}
+
+async fn a_remote_answer_to_a_caller_that_left_is_dropped(h: &Harness) {
+    let (_worker_client, _w, mut started, release) = held_worker(h, "left").await;
+    let caller = h.client().await;
+    let call = {
+        let caller = caller.clone();
+        tokio::spawn(async move { caller.send("left", Message::plain_text("x")).await })
+    };
+    step(started.recv()).await.unwrap();
+    let before = h.broker.stats().connections;
+    caller.close().await;
+    assert!(matches!(
+        within(Duration::from_secs(5), call).await.unwrap(),
+        Err(Error::ConnectionClosed(_))
+    ));
+    common::eventually("the broker has seen the caller leave", || {
+        let h = h.broker.clone();
+        async move { h.stats().connections < before }
+    })
+    .await;
+    // The answer finds its caller gone; the worker serves the next caller.
+    release.add_permits(2);
+    let next = h.client().await;
+    let r = step(next.send("left", Message::plain_text("y")))
+        .await
+        .unwrap();
+    assert_eq!(text(&r), "done");
+    let s = step(next.function_status("left")).await.unwrap();
+    assert_eq!((s.calls, s.errors), (2, 0));
+}
+
+/// Calls forwarded to a worker hold their caller's slots of requests in
+/// flight until answered: past the limit, the broker stops reading from
+/// the caller.
+async fn forwarded_calls_keep_to_the_callers_in_flight_limit(h: &Harness) {
+    let (_worker_client, _w, mut started, release) = held_worker(h, "slots").await;
+    let caller = h.client().await;
+    let calls: Vec<_> = (0..3)
+        .map(|i| {
+            let caller = caller.clone();
+            tokio::spawn(async move {
+                caller
+                    .send("slots", Message::plain_text(format!("{i}")))
+                    .await
+            })
+        })
+        .collect();
+    for _ in 0..2 {
+        step(started.recv()).await.unwrap();
+    }
+    // A negative: given time, the third call still has not reached the worker.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(started.try_recv().is_err(), "a third call was forwarded");
+    release.add_permits(1);
+    step(started.recv()).await.unwrap();
+    release.add_permits(2);
+    for call in calls {
+        let r = within(Duration::from_secs(5), call).await.unwrap().unwrap();
+        assert_eq!(text(&r), "done");
+    }
 }
 
 async fn call_timeout_shorter_than_the_handler(h: &Harness) {
