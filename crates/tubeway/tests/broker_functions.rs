@@ -28,6 +28,7 @@ crate::transport_tests! {
     two_workers_share_calls_round_robin,
     worker_disconnect_fails_the_call_in_flight,
     a_short_remote_timeout_expires_behind_a_long_one,
+    a_call_from_inside_the_process_reaches_a_remote_worker,
     a_late_remote_answer_is_dropped_and_every_call_counted,
     a_remote_answer_to_a_caller_that_left_is_dropped,
     forwarded_calls_keep_to_the_callers_in_flight_limit
@@ -591,6 +592,28 @@ async fn a_short_remote_timeout_expires_behind_a_long_one(h: &Harness) {
         .unwrap()
         .unwrap_err();
     assert_eq!(status(&e), ResponseStatus::ServerError, "{e}");
+}
+
+/// `Broker::call` waits on a channel for a worker's answer, where a
+/// client's call is routed back to its connection.
+async fn a_call_from_inside_the_process_reaches_a_remote_worker(h: &Harness) {
+    let (worker_client, _w, mut started, release) = held_worker(h, "inside").await;
+    release.add_permits(1);
+    let r = step(h.broker.call("inside", Message::plain_text("x")))
+        .await
+        .unwrap();
+    assert_eq!(text(&r), "done");
+    step(started.recv()).await.unwrap();
+    // A worker that leaves mid-call fails the call at once.
+    let broker = h.broker.clone();
+    let call = tokio::spawn(async move { broker.call("inside", Message::plain_text("y")).await });
+    step(started.recv()).await.unwrap();
+    worker_client.close().await;
+    let e = within(Duration::from_secs(5), call)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.status, ResponseStatus::ServerError, "{e:?}");
 }
 
 async fn a_late_remote_answer_is_dropped_and_every_call_counted(h: &Harness) {
