@@ -30,10 +30,26 @@ use uuid::Uuid;
 use super::worker::HandlerError;
 use crate::{Error, Result};
 
-/// A running handler invocation, as the reader task sees it.
-pub(crate) type HandlerTask = JoinHandle<std::result::Result<Message, HandlerError>>;
+/// Why a handler gave no result.
+pub(crate) enum HandlerFailure {
+    Panicked,
+    /// The runtime that ran it shut down.
+    Cancelled,
+}
+
+/// A handler's run on one request, for the task that answers it.
+pub(crate) type HandlerRun = Pin<
+    Box<
+        dyn Future<
+                Output = std::result::Result<
+                    std::result::Result<Message, HandlerError>,
+                    HandlerFailure,
+                >,
+            > + Send,
+    >,
+>;
 /// Starts the handler of one worker registration on one request.
-pub(crate) type Dispatch = Arc<dyn Fn(Message) -> HandlerTask + Send + Sync>;
+pub(crate) type Dispatch = Arc<dyn Fn(Message) -> HandlerRun + Send + Sync>;
 
 /// State shared by the client handle, the reader task and the writer task.
 pub(crate) struct Conn {
@@ -874,8 +890,8 @@ async fn serve_one(conn: Arc<Conn>, dispatch: Dispatch, req: Message) {
             None
         }
         Ok(Err(e)) => Some(e.to_string()),
-        Err(e) if e.is_panic() => Some("handler panicked".to_owned()),
-        Err(_) => Some("handler was cancelled".to_owned()),
+        Err(HandlerFailure::Panicked) => Some("handler panicked".to_owned()),
+        Err(HandlerFailure::Cancelled) => Some("handler was cancelled".to_owned()),
     };
     if oneway {
         if let Some(e) = error {

@@ -636,6 +636,9 @@ async fn async_worker_and_dropped_worker() {
         async move {
             client
                 .serve_async("len", |m: Message| async move {
+                    if m.payload.as_ref() == b"panic" {
+                        panic!("async handler bug");
+                    }
                     Ok(Message::plain_text(m.payload.len().to_string()))
                 })
                 .await
@@ -644,10 +647,15 @@ async fn async_worker_and_dropped_worker() {
     let create = peer.recv().await;
     peer.answer(&create, ResponseStatus::Ok).await;
     let worker = within(serve).await.unwrap().unwrap();
-    let mut req = Message::plain_text("four");
-    req.correlation_id = Some(create.id);
-    peer.send(&req).await;
-    assert_eq!(peer.recv().await.text_payload().unwrap(), "4");
+    // A panic is answered, and the worker serves the next call.
+    for (text, answer) in [("panic", "handler panicked"), ("four", "4")] {
+        let mut req = Message::plain_text(text);
+        req.correlation_id = Some(create.id);
+        peer.send(&req).await;
+        let r = peer.recv().await;
+        assert_eq!(r.correlation_id, Some(req.id));
+        assert_eq!(r.text_payload().unwrap(), answer);
+    }
 
     drop(worker);
     let remove = peer.recv().await;

@@ -1,12 +1,15 @@
 //! Serving a function: this connection answers calls the broker forwards.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use tubeway_proto::{Message, MessageType};
 use uuid::Uuid;
 
-use super::connection::Dispatch;
+use futures::FutureExt as _;
+
+use super::connection::{Dispatch, HandlerFailure};
 use super::AsyncClient;
 use crate::Result;
 
@@ -91,15 +94,29 @@ where
     let handler = Arc::new(handler);
     Arc::new(move |msg| {
         let handler = handler.clone();
-        tokio::task::spawn_blocking(move || super::blocking::run_handler(|| handler(msg)))
+        let run =
+            tokio::task::spawn_blocking(move || super::blocking::run_handler(|| handler(msg)));
+        Box::pin(async move {
+            run.await.map_err(|e| {
+                if e.is_panic() {
+                    HandlerFailure::Panicked
+                } else {
+                    HandlerFailure::Cancelled
+                }
+            })
+        })
     })
 }
 
-/// Runs an async handler on its own task, so a panic is caught and reported.
+/// Runs an async handler in the task that answers the call, a panic caught
+/// and reported: a task of its own would cost a second spawn per call.
 pub(crate) fn async_dispatch<F, Fut>(handler: F) -> Dispatch
 where
     F: Fn(Message) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = std::result::Result<Message, HandlerError>> + Send + 'static,
 {
-    Arc::new(move |msg| tokio::spawn(handler(msg)))
+    Arc::new(move |msg| {
+        let run = AssertUnwindSafe(handler(msg)).catch_unwind();
+        Box::pin(async move { run.await.map_err(|_| HandlerFailure::Panicked) })
+    })
 }
