@@ -27,8 +27,7 @@ use uuid::Uuid;
 
 use crate::access::{self, Identity};
 use crate::broker::{check_name, queue_error, BrokerError, Inner};
-use crate::forward::WorkerCalls;
-use crate::forward::{self, Reply, Route};
+use crate::forward::{self, Reply, Route, WorkerCalls};
 use crate::function::{Function, Inline, WorkerRef};
 use crate::queue::QueueError;
 use crate::stats::Counters;
@@ -980,16 +979,14 @@ impl Session {
             };
             w.await_worker(fwd_id, Reply::Route(route));
         }
-        // A call with an answer is counted when that comes.
-        let count = |f: &Function, sent: bool| {
-            if to.oneway {
-                f.count(!sent);
-            }
-        };
+        // A call with an answer is counted when that comes; a oneway one
+        // once it is sent.
         match w.send_now(&fwd, false) {
-            SendNow::Sent => count(&f, true),
+            SendNow::Sent if to.oneway => f.count(false),
+            SendNow::Sent => {}
             SendNow::Full(frame) => {
                 let caller = self.shared.clone();
+                self.spawned = true;
                 self.inner.tracker.spawn(async move {
                     let _permit = permit;
                     let sent = w.send_frame(frame, false).await;
@@ -1002,7 +999,9 @@ impl Session {
                 });
             }
             SendNow::Gone => {
-                count(&f, false);
+                if to.oneway {
+                    f.count(true);
+                }
                 forwarding_failed(&w, fwd_id, &self.shared, &to);
             }
         }
