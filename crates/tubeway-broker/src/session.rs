@@ -980,8 +980,9 @@ impl Session {
             w.await_worker(fwd_id, Reply::Route(route));
         }
         // A call with an answer is counted when that comes; a oneway one
-        // once it is sent.
-        match w.send_now(&fwd, false) {
+        // once it is sent. Calls pipelined by their caller reach the worker
+        // together, as their answers go back.
+        match w.send_now(&fwd, self.shared.pipelined()) {
             SendNow::Sent if to.oneway => f.count(false),
             SendNow::Sent => {}
             SendNow::Full(frame) => {
