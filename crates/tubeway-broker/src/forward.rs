@@ -32,7 +32,12 @@ pub(crate) struct WorkerCalls {
     next_sweep: Option<Instant>,
     /// The sweeper task runs.
     sweeping: bool,
+    /// The size at which calls whose caller has left are dropped next.
+    purge_at: usize,
 }
+
+/// The smallest table that is purged of calls whose caller has left.
+const PURGE_MIN: usize = 64;
 
 /// Where a forwarded call's answer goes.
 #[derive(Debug)]
@@ -61,8 +66,25 @@ impl WorkerCalls {
         self.calls.is_empty()
     }
 
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.calls.len()
+    }
+
     /// Adds a call; true when the sweeper must start or look sooner.
+    ///
+    /// A call whose caller has left stays until the worker answers it or
+    /// its deadline passes, and a call may have no deadline: each time the
+    /// table has doubled, such calls are dropped, which bounds it by twice
+    /// the calls of callers still there (each caller has its in-flight limit).
     fn insert(&mut self, id: Uuid, reply: Reply) -> bool {
+        if self.calls.len() >= self.purge_at.max(PURGE_MIN) {
+            self.calls.retain(|_, r| match r {
+                Reply::Route(r) => !r.caller.is_gone(),
+                Reply::Waiter(tx) => !tx.is_closed(),
+            });
+            self.purge_at = 2 * self.calls.len();
+        }
         let expires = match &reply {
             Reply::Route(r) => r.expires.map(|(at, _)| at),
             Reply::Waiter(_) => None,
@@ -210,5 +232,65 @@ async fn sweep(worker: Arc<SessionShared>) {
                 format!("no answer within {} ms", t.as_millis()),
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::Semaphore;
+    use tubeway_transport::{FrameWriter, Listener, Url};
+
+    use super::*;
+    use crate::{Broker, BrokerConfig};
+
+    /// A connection's shared part over an in-process pipe.
+    async fn session(broker: &Broker, id: u64) -> (Arc<SessionShared>, Listener) {
+        let url = Url::Mem(format!("forward-test-{}", Uuid::new_v4()));
+        let listener = Listener::bind(&url).await.unwrap();
+        let conn = tubeway_transport::connect(&url).await.unwrap();
+        let (writer, _flusher) = FrameWriter::new(conn.writer);
+        let shared = SessionShared::new(id, "test".into(), broker.inner.clone(), writer);
+        (shared, listener)
+    }
+
+    fn route(caller: &Arc<SessionShared>, function: &Arc<Function>) -> Reply {
+        Reply::Route(Route {
+            caller: caller.clone(),
+            to: ReplyTo {
+                id: Uuid::new_v4(),
+                request_id: None,
+                oneway: false,
+            },
+            function: function.clone(),
+            expires: None,
+            _permit: Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),
+        })
+    }
+
+    #[tokio::test]
+    async fn calls_of_callers_that_left_do_not_pile_up() {
+        let broker = Broker::new(BrokerConfig::default());
+        let (worker, _l1) = session(&broker, 1).await;
+        let (live, _l2) = session(&broker, 2).await;
+        let (left, _l3) = session(&broker, 3).await;
+        left.set_gone();
+        let f = Arc::new(Function::remote("f".into()));
+        for _ in 0..100 {
+            worker.await_worker(Uuid::new_v4(), route(&live, &f));
+        }
+        // Calls without a deadline, whose caller has gone: never answered.
+        for _ in 0..10_000 {
+            worker.await_worker(Uuid::new_v4(), route(&left, &f));
+        }
+        let len = worker.worker_calls().len();
+        assert!((100..=400).contains(&len), "{len} calls kept");
+        // The live caller's calls are all still there.
+        let live_calls = worker
+            .worker_calls()
+            .take_all()
+            .into_iter()
+            .filter(|r| matches!(r, Reply::Route(r) if Arc::ptr_eq(&r.caller, &live)))
+            .count();
+        assert_eq!(live_calls, 100);
     }
 }

@@ -131,10 +131,34 @@ pub(crate) enum SendNow {
 }
 
 impl SessionShared {
+    /// The shared part of connection `id`, which writes with `writer`.
+    /// Must be called within the runtime that serves the connection.
+    pub(crate) fn new(id: u64, peer: String, inner: Arc<Inner>, writer: FrameWriter) -> Arc<Self> {
+        let max_in_flight = inner.config.max_in_flight_per_connection;
+        Arc::new(SessionShared {
+            id,
+            peer,
+            inner,
+            writer,
+            worker_calls: Mutex::default(),
+            sweep_sooner: Notify::new(),
+            runtime: tokio::runtime::Handle::current(),
+            gone: CancellationToken::new(),
+            is_gone: AtomicBool::new(false),
+            inflight: Arc::new(Semaphore::new(max_in_flight)),
+            waiting: Mutex::default(),
+        })
+    }
+
     /// The peer is gone: sends fail, waiting requests stop.
-    fn set_gone(&self) {
+    pub(crate) fn set_gone(&self) {
         self.is_gone.store(true, Ordering::Release);
         self.gone.cancel();
+    }
+
+    /// Whether the peer is gone.
+    pub(crate) fn is_gone(&self) -> bool {
+        self.is_gone.load(Ordering::Acquire)
     }
 
     fn waiting(self: &Arc<Self>, id: Uuid) -> Waiting {
@@ -405,19 +429,7 @@ pub(crate) async fn run(
     let live = inner.counters.connections.fetch_add(1, Ordering::Relaxed) + 1;
     let (writer, flusher) = FrameWriter::new(writer);
     let writer_task = tokio::spawn(flusher);
-    let shared = Arc::new(SessionShared {
-        id,
-        peer: peer.clone(),
-        inner: inner.clone(),
-        writer,
-        worker_calls: Mutex::default(),
-        sweep_sooner: Notify::new(),
-        runtime: tokio::runtime::Handle::current(),
-        gone: CancellationToken::new(),
-        is_gone: AtomicBool::new(false),
-        inflight: Arc::new(Semaphore::new(inner.config.max_in_flight_per_connection)),
-        waiting: Mutex::default(),
-    });
+    let shared = SessionShared::new(id, peer.clone(), inner.clone(), writer);
     let mut reader = FrameReader::new(reader, inner.config.max_message_size);
     reader.set_wait_strategy(wait);
     if let Some(group) = group {
