@@ -4,10 +4,9 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
+use futures::FutureExt as _;
 use tubeway_proto::{Message, MessageType};
 use uuid::Uuid;
-
-use futures::FutureExt as _;
 
 use super::connection::{Dispatch, HandlerFailure};
 use super::AsyncClient;
