@@ -978,44 +978,48 @@ impl Session {
         fwd.correlation_id = Some(worker.registration);
         let fwd_id = fwd.id;
         let w = worker.session;
-        // A oneway call keeps its slot only while its request waits for room.
-        let mut permit = Some(permit);
-        if !to.oneway {
-            let Some(permit) = permit.take() else { return };
+        // A call with an answer gives its reply address and its slot to its
+        // route; a oneway one keeps them, the slot while its request waits
+        // for room.
+        let oneway = if to.oneway {
+            Some((to, permit))
+        } else {
             let route = Route {
                 caller: self.shared.clone(),
-                to: to.clone(),
+                to,
                 function: f.clone(),
                 expires,
                 _permit: permit,
             };
             w.await_worker(fwd_id, Reply::Route(route));
-        }
+            None
+        };
         // A call with an answer is counted when that comes; a oneway one
         // once it is sent. Calls pipelined by their caller reach the worker
         // together, as their answers go back.
         match w.send_now(&fwd, self.shared.pipelined()) {
-            SendNow::Sent if to.oneway => f.count(false),
+            SendNow::Sent if oneway.is_some() => f.count(false),
             SendNow::Sent => {}
             SendNow::Full(frame) => {
                 let caller = self.shared.clone();
                 self.spawned = true;
                 self.inner.tracker.spawn(async move {
-                    let _permit = permit;
                     let sent = w.send_frame(frame, false).await;
-                    if to.oneway {
+                    let to = oneway.as_ref().map(|(to, _)| to);
+                    if to.is_some() {
                         f.count(!sent);
                     }
                     if !sent {
-                        forwarding_failed(&w, fwd_id, &caller, &to);
+                        forwarding_failed(&w, fwd_id, &caller, to);
                     }
                 });
             }
             SendNow::Gone => {
-                if to.oneway {
+                let to = oneway.as_ref().map(|(to, _)| to);
+                if to.is_some() {
                     f.count(true);
                 }
-                forwarding_failed(&w, fwd_id, &self.shared, &to);
+                forwarding_failed(&w, fwd_id, &self.shared, to);
             }
         }
     }
@@ -1226,10 +1230,16 @@ impl Session {
     }
 }
 
-/// A call whose request could not reach worker `w` fails, unless the
-/// worker's end failed it already.
-fn forwarding_failed(w: &SessionShared, fwd_id: Uuid, caller: &Arc<SessionShared>, to: &ReplyTo) {
-    if to.oneway {
+/// A call whose request could not reach worker `w` fails: a oneway one
+/// (`oneway`, its reply address) is counted, one with an answer is answered
+/// unless the worker's end did so already.
+fn forwarding_failed(
+    w: &SessionShared,
+    fwd_id: Uuid,
+    caller: &Arc<SessionShared>,
+    oneway: Option<&ReplyTo>,
+) {
+    if let Some(to) = oneway {
         caller.answer_now(to, Err(forward::worker_gone()));
         return;
     }
