@@ -384,15 +384,26 @@ impl Broker {
         self.inner.remove_function(name)
     }
 
-    /// Calls a function from inside the process, as a client would.
+    /// Calls a function from inside the process, as a client would: the
+    /// message's `timeout`, if it has one, bounds the wait as it bounds a
+    /// client's call (`timeout` status), whoever serves the function.
     pub async fn call(&self, function: &str, mut msg: Message) -> Result<Message, BrokerError> {
         msg.destination = Some(function.to_owned());
         msg.oneway = false;
         let f = self.inner.function(function)?;
-        let resp = f
-            .call(msg)
-            .await?
-            .ok_or_else(|| BrokerError::new(ResponseStatus::ServerError, "no response"))?;
+        let timeout = msg.timeout.filter(|t| !t.is_zero());
+        let call = f.call(msg);
+        let answer = match timeout {
+            Some(t) => tokio::time::timeout(t, call).await.map_err(|_| {
+                BrokerError::new(
+                    ResponseStatus::Timeout,
+                    format!("no answer within {} ms", t.as_millis()),
+                )
+            })?,
+            None => call.await,
+        };
+        let resp =
+            answer?.ok_or_else(|| BrokerError::new(ResponseStatus::ServerError, "no response"))?;
         match resp.status() {
             ResponseStatus::Ok => Ok(resp),
             status => Err(BrokerError::new(

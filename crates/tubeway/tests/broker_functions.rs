@@ -614,6 +614,17 @@ async fn a_call_from_inside_the_process_reaches_a_remote_worker(h: &Harness) {
         .unwrap()
         .unwrap_err();
     assert_eq!(e.status, ResponseStatus::ServerError, "{e:?}");
+    // The message's timeout bounds the wait, as for a client's call.
+    let (_worker_client, _w, mut started, _release) = held_worker(h, "inside-held").await;
+    let t0 = Instant::now();
+    let call = h.broker.call(
+        "inside-held",
+        Message::plain_text("z").with_timeout(Duration::from_millis(100)),
+    );
+    let e = step(call).await.unwrap_err();
+    assert_eq!(e.status, ResponseStatus::Timeout, "{e:?}");
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    step(started.recv()).await.unwrap();
 }
 
 async fn a_late_remote_answer_is_dropped_and_every_call_counted(h: &Harness) {
