@@ -205,16 +205,27 @@ impl SessionShared {
         self.send_frame(frame, batch).await
     }
 
+    /// [`send`](Self::send) of a message encoded already.
+    async fn send_encoded(&self, frame: EncodedFrame) -> bool {
+        if self.is_gone.load(Ordering::Acquire) {
+            return false;
+        }
+        self.send_frame(frame, self.pipelined()).await
+    }
+
     /// Sends `frame`, waiting while the writer's queue is full.
     async fn send_frame(&self, frame: EncodedFrame, batch: bool) -> bool {
         // Counted before it is written: once written, the peer may already
         // be asking for statistics that must include it.
         let out = &self.inner.counters.messages_out;
         Counters::inc(out);
-        let sent = if batch {
-            self.writer.send_batched(frame).await
-        } else {
-            self.writer.send(frame).await
+        // Tried without a future first: most frames go at once, and a
+        // future made to send one is copied into this one's.
+        let sent = match self.try_admit(frame, batch) {
+            Ok(None) => Ok(()),
+            Ok(Some(frame)) if batch => self.writer.send_batched(frame).await,
+            Ok(Some(frame)) => self.writer.send(frame).await,
+            Err(e) => Err(e),
         };
         if sent.is_err() {
             out.fetch_sub(1, Ordering::Relaxed);
@@ -234,12 +245,7 @@ impl SessionShared {
         };
         let out = &self.inner.counters.messages_out;
         Counters::inc(out);
-        let admitted = if batch {
-            self.writer.try_send_batched_or_return(frame)
-        } else {
-            self.writer.try_send_or_return(frame)
-        };
-        match admitted {
+        match self.try_admit(frame, batch) {
             Ok(None) => SendNow::Sent,
             Ok(Some(frame)) => {
                 out.fetch_sub(1, Ordering::Relaxed);
@@ -249,6 +255,20 @@ impl SessionShared {
                 out.fetch_sub(1, Ordering::Relaxed);
                 SendNow::Gone
             }
+        }
+    }
+
+    /// Hands `frame` to the writer if that needs no waiting; back if its
+    /// queue is full.
+    fn try_admit(
+        &self,
+        frame: EncodedFrame,
+        batch: bool,
+    ) -> Result<Option<EncodedFrame>, tubeway_transport::WriteError> {
+        if batch {
+            self.writer.try_send_batched_or_return(frame)
+        } else {
+            self.writer.try_send_or_return(frame)
         }
     }
 
@@ -917,12 +937,13 @@ impl Session {
         }
         // Completes at once: nothing to wait for, so no task, no timer and
         // no future.
-        let m = match f.call_inline(m) {
-            Inline::Done(None) => return,
-            Inline::Done(Some(resp)) => {
-                self.shared.answer(&to, Ok(resp)).await;
+        let shared = &self.shared;
+        let m = match f.call_inline(m, |r| shared.encode_out(r)) {
+            Inline::Done(Some(Some(frame))) => {
+                shared.send_encoded(frame).await;
                 return;
             }
+            Inline::Done(_) => return,
             Inline::NotInline(m) => m,
         };
         let f = f.clone();

@@ -383,18 +383,21 @@ pub fn decode_prefix(mut buf: &[u8]) -> Result<Prefix, DecodeError> {
 pub fn decode(frame: Bytes) -> Result<Message, DecodeError> {
     // The header is read in place; only the payload becomes a new handle on
     // the frame (each one costs an atomic increment and decrement).
-    decode_with(&frame, |at| frame.slice(at..))
+    decode_with(&frame, |at| frame.slice(at..)).map(|m| *m)
 }
 
 /// [`decode`] of a frame that is borrowed: the payload is copied out.
-fn decode_copied(frame: &[u8]) -> Result<Message, DecodeError> {
+fn decode_copied(frame: &[u8]) -> Result<Box<Message>, DecodeError> {
     decode_with(frame, |at| {
         Bytes::copy_from_slice(frame.get(at..).unwrap_or_default())
     })
 }
 
 /// Decodes `frame`, whose payload (from the offset given) `payload` makes.
-fn decode_with(frame: &[u8], payload: impl FnOnce(usize) -> Bytes) -> Result<Message, DecodeError> {
+fn decode_with(
+    frame: &[u8],
+    payload: impl FnOnce(usize) -> Bytes,
+) -> Result<Box<Message>, DecodeError> {
     let prefix = decode_prefix(frame)?;
     if frame.len() != prefix.frame_len as usize {
         return Err(DecodeError::Truncated("frame shorter than frame_len"));
@@ -406,7 +409,10 @@ fn decode_with(frame: &[u8], payload: impl FnOnce(usize) -> Bytes) -> Result<Mes
     decode_header(header, payload(payload_at))
 }
 
-fn decode_header(mut h: &[u8], payload: Bytes) -> Result<Message, DecodeError> {
+/// Decodes a header into a message made on the heap, where the reader's
+/// caller keeps it: a message returned by value would be copied whole (some
+/// 300 bytes) at each step up.
+fn decode_header(mut h: &[u8], payload: Bytes) -> Result<Box<Message>, DecodeError> {
     if h.remaining() < FIXED_HEADER_LEN {
         return Err(DecodeError::Truncated("fixed header"));
     }
@@ -429,7 +435,11 @@ fn decode_header(mut h: &[u8], payload: Bytes) -> Result<Message, DecodeError> {
     h.copy_to_slice(&mut id);
     let timestamp = h.get_u64_le();
 
-    let mut msg = Message::with_identity(r#type, Uuid::from_bytes(id), timestamp);
+    let mut msg = Box::new(Message::with_identity(
+        r#type,
+        Uuid::from_bytes(id),
+        timestamp,
+    ));
     msg.oneway = bits & BIT_ONEWAY != 0;
     msg.durable = bits & BIT_DURABLE != 0;
     msg.response_status = response_status;
@@ -657,7 +667,7 @@ impl Decoder {
 /// against the maximum): a message, or what is wrong with it.
 pub fn decode_frame(frame: Bytes) -> Decoded {
     let (id, type_code, _) = peek_fixed(&frame);
-    decoded(decode(frame), id, type_code)
+    decoded(decode_with(&frame, |at| frame.slice(at..)), id, type_code)
 }
 
 /// [`decode_frame`] of a borrowed frame: the payload is copied out.
@@ -666,9 +676,13 @@ fn decode_frame_copied(frame: &[u8]) -> Decoded {
     decoded(decode_copied(frame), id, type_code)
 }
 
-fn decoded(r: Result<Message, DecodeError>, id: Option<Uuid>, type_code: Option<u8>) -> Decoded {
+fn decoded(
+    r: Result<Box<Message>, DecodeError>,
+    id: Option<Uuid>,
+    type_code: Option<u8>,
+) -> Decoded {
     match r {
-        Ok(m) => Decoded::Message(Box::new(m)),
+        Ok(m) => Decoded::Message(m),
         Err(error) => Decoded::Invalid {
             id,
             type_code,

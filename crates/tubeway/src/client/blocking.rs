@@ -40,7 +40,7 @@ use tubeway_transport::Url;
 use uuid::Uuid;
 
 use super::connection::{poll_queue, Conn, Reader};
-use super::{function_call, ok_response, AsyncClient, ClientOptions, HandlerError, Started};
+use super::{function_call, AsyncClient, ClientOptions, HandlerError, Started};
 use crate::{Error, Result};
 
 /// How long dropping the last handle of a client may wait for what it
@@ -680,18 +680,24 @@ impl Client {
 
     /// Sends any message and returns its response, waiting at most `timeout`.
     pub fn request_timeout(&self, msg: Message, timeout: Duration) -> Result<Message> {
+        self.exchange(msg, timeout).map(|r| *r)
+    }
+
+    /// [`request_timeout`](Self::request_timeout), its answer left where
+    /// the reader put it: every move of a message copies all of it.
+    fn exchange(&self, msg: Message, timeout: Duration) -> Result<Box<Message>> {
         // Started before blocking, so that only a small future is driven:
         // the message never enters it.
         self.exec.check()?;
         let (started, left) = match &self.exec {
             Exec::Own(d) => match d.call(&self.inner, msg, timeout)? {
-                Call::Answered(m) => return Ok(*m),
+                Call::Answered(m) => return Ok(m),
                 Call::Waiting(started, left) => (started, left),
             },
             Exec::Shared => (self.inner.start(msg)?, timeout),
         };
         match self.exec.block_on_timeout(started.exchange(), left) {
-            Ok(r) => Ok(*r?),
+            Ok(r) => r,
             // The timeout the caller gave, not what was left of it.
             Err(Error::Timeout(_)) => Err(Error::Timeout(timeout)),
             Err(e) => Err(e),
@@ -711,7 +717,14 @@ impl Client {
 
     /// Calls `function`, giving up after `timeout`.
     pub fn send_timeout(&self, function: &str, msg: Message, timeout: Duration) -> Result<Message> {
-        ok_response(self.request(function_call(function, msg, timeout))?)
+        let msg = function_call(function, msg, timeout);
+        let wait = self.inner.wait_for(msg.timeout);
+        let r = self.exchange(msg, wait)?;
+        if r.status().is_ok() {
+            Ok(*r)
+        } else {
+            Err(Error::from_response(&r))
+        }
     }
 
     /// Calls `function` without waiting for the response: the call runs in

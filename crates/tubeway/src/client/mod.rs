@@ -709,10 +709,12 @@ impl Started<'_> {
 }
 
 /// `msg` as a call of `function`, which the broker gives up after `timeout`.
-pub(crate) fn function_call(function: &str, msg: Message, timeout: Duration) -> Message {
-    msg.with_type(MessageType::Request)
-        .with_destination(function)
-        .with_timeout(timeout)
+pub(crate) fn function_call(function: &str, mut msg: Message, timeout: Duration) -> Message {
+    // Set in place: a chain of builders may copy the whole message at each.
+    msg.r#type = MessageType::Request;
+    msg.destination = Some(function.to_owned());
+    msg.timeout = Some(timeout);
+    msg
 }
 
 /// A response, or its error status as [`Error::Status`].
