@@ -55,6 +55,10 @@ class Addresses:
             return "tcp://127.0.0.1:0"
         if self.transport == "unix":
             return f"unix://{self._dir}/s{n}.sock"
+        if self.transport == "shm":
+            # A socket path in our directory, not a name in the user's runtime
+            # directory: a server killed on purpose leaves its socket file.
+            return f"shm://{self._dir}/s{n}.shm"
         return f"{self.transport}://tw-{os.getpid()}-{n}"
 
 

@@ -88,7 +88,10 @@ impl Transport {
         let pid = std::process::id();
         match self {
             Transport::Mem => format!("mem://tubeway-bench-{pid}-{tag}"),
-            Transport::Shm => format!("shm://tubeway-bench-{pid}-{tag}"),
+            // A socket path in `dir`, not a name in the user's runtime
+            // directory: a peer that ends by `exit` leaves its socket file,
+            // and `dir` goes with the bench.
+            Transport::Shm => format!("shm://{}", dir.join(format!("{tag}.shm")).display()),
             Transport::Unix => format!("unix://{}", dir.join(format!("{tag}.sock")).display()),
             Transport::Tcp => "tcp://127.0.0.1:0".to_owned(),
             Transport::Fifo => format!("fifo://{}", dir.join(tag).display()),
