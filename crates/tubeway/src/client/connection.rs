@@ -468,9 +468,7 @@ impl Conn {
             MessageType::Request => {
                 let worker = self.lock().workers.get(&cid).cloned();
                 match worker {
-                    Some(dispatch) => {
-                        tokio::spawn(serve_one(self.clone(), dispatch, m));
-                    }
+                    Some(dispatch) => serve_now(self.clone(), dispatch, m),
                     None if m.oneway => {}
                     None => {
                         let reason = "this connection no longer serves the function";
@@ -879,6 +877,20 @@ pub(crate) fn poll_queue(msg: &Message) -> Option<String> {
 }
 
 /// Runs one request through a worker's handler and sends the answer.
+/// Answers a call to a function this connection serves: right here when
+/// its handler completes without waiting, as most do, else on a task of its
+/// own. A task for every call would be scheduled on another of the
+/// runtime's threads while this one reads, and wake it to run.
+fn serve_now(conn: Arc<Conn>, dispatch: Dispatch, req: Message) {
+    let mut call = Box::pin(serve_one(conn, dispatch, req));
+    // Polled first with a waker that does nothing: a call that waits is
+    // polled again by its task at once, and registers that task's waker then.
+    let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+    if call.as_mut().poll(&mut cx).is_pending() {
+        tokio::spawn(call);
+    }
+}
+
 async fn serve_one(conn: Arc<Conn>, dispatch: Dispatch, req: Message) {
     let oneway = req.oneway;
     let mut reply = req.response(ResponseStatus::Ok);

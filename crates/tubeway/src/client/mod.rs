@@ -375,8 +375,10 @@ impl AsyncClient {
             .await
     }
 
-    /// Serves `function` with an async handler; each call runs on its own task.
-    /// Otherwise as [`AsyncClient::serve`].
+    /// Serves `function` with an async handler. A call runs on the
+    /// connection's reader until its handler first waits, then on a task of
+    /// its own, so calls that wait run concurrently; like any async code,
+    /// a handler must not block. Otherwise as [`AsyncClient::serve`].
     pub async fn serve_async<F, Fut>(&self, function: &str, handler: F) -> Result<Worker>
     where
         F: Fn(Message) -> Fut + Send + Sync + 'static,

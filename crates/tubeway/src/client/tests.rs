@@ -629,6 +629,60 @@ async fn worker_calls_run_concurrently() {
 }
 
 #[tokio::test]
+async fn async_calls_that_complete_at_once_run_on_the_reader_and_those_that_wait_overlap() {
+    let (client, mut peer) = pair().await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let tasks = Arc::new(Mutex::new(Vec::new()));
+    let serve = tokio::spawn({
+        let (client, release, tasks) = (client.clone(), release.clone(), tasks.clone());
+        async move {
+            client
+                .serve_async("step", move |m: Message| {
+                    let (release, tasks) = (release.clone(), tasks.clone());
+                    async move {
+                        match m.payload.as_ref() {
+                            b"wait" => release.notified().await,
+                            b"release" => release.notify_one(),
+                            _ => tasks.lock().unwrap().push(tokio::task::try_id()),
+                        }
+                        Ok(m)
+                    }
+                })
+                .await
+        }
+    });
+    let create = peer.recv().await;
+    peer.answer(&create, ResponseStatus::Ok).await;
+    let _worker = within(serve).await.unwrap().unwrap();
+    let call = |text: &str| {
+        let mut req = Message::plain_text(text);
+        req.correlation_id = Some(create.id);
+        req
+    };
+
+    // A call that waits leaves the reader free: the call that releases it
+    // is read and answered, then the waiting one.
+    let (wait, free) = (call("wait"), call("release"));
+    peer.send(&wait).await;
+    peer.send(&free).await;
+    assert_eq!(peer.recv().await.correlation_id, Some(free.id));
+    assert_eq!(peer.recv().await.correlation_id, Some(wait.id));
+
+    // Calls whose handlers never wait run in one task, the reader's: no
+    // task is spawned for them.
+    for _ in 0..3 {
+        peer.send(&call("now")).await;
+        assert_eq!(peer.recv().await.status(), ResponseStatus::Ok);
+    }
+    let tasks = tasks.lock().unwrap().clone();
+    assert_eq!(tasks.len(), 3);
+    assert!(
+        tasks[0].is_some() && tasks.iter().all(|t| *t == tasks[0]),
+        "{tasks:?}"
+    );
+}
+
+#[tokio::test]
 async fn async_worker_and_dropped_worker() {
     let (client, mut peer) = pair().await;
     let serve = tokio::spawn({

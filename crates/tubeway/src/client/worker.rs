@@ -18,7 +18,8 @@ pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A function this connection serves, from [`AsyncClient::serve`].
 ///
-/// Calls run concurrently, each on its own task. Dropping the worker stops
+/// Calls run concurrently (see [`AsyncClient::serve`] and
+/// [`AsyncClient::serve_async`]). Dropping the worker stops
 /// serving best-effort (a oneway `remove_function`); [`Worker::stop`] waits
 /// for the broker to confirm.
 #[must_use = "dropping a Worker stops serving the function"]
