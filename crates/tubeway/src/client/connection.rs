@@ -876,7 +876,6 @@ pub(crate) fn poll_queue(msg: &Message) -> Option<String> {
         .flatten()
 }
 
-/// Runs one request through a worker's handler and sends the answer.
 /// Answers a call to a function this connection serves: right here when
 /// its handler completes without waiting, as most do, else on a task of its
 /// own. A task for every call would be scheduled on another of the
@@ -891,6 +890,7 @@ fn serve_now(conn: Arc<Conn>, dispatch: Dispatch, req: Message) {
     }
 }
 
+/// Runs one request through a worker's handler and sends the answer.
 async fn serve_one(conn: Arc<Conn>, dispatch: Dispatch, req: Message) {
     let oneway = req.oneway;
     let mut reply = req.response(ResponseStatus::Ok);
