@@ -689,11 +689,15 @@ async fn async_worker_and_dropped_worker() {
         let client = client.clone();
         async move {
             client
-                .serve_async("len", |m: Message| async move {
-                    if m.payload.as_ref() == b"panic" {
-                        panic!("async handler bug");
+                .serve_async("len", |m: Message| {
+                    // A panic before the future is made, in the reader.
+                    assert!(m.payload.as_ref() != b"early", "handler bug");
+                    async move {
+                        if m.payload.as_ref() == b"panic" {
+                            panic!("async handler bug");
+                        }
+                        Ok(Message::plain_text(m.payload.len().to_string()))
                     }
-                    Ok(Message::plain_text(m.payload.len().to_string()))
                 })
                 .await
         }
@@ -702,7 +706,12 @@ async fn async_worker_and_dropped_worker() {
     peer.answer(&create, ResponseStatus::Ok).await;
     let worker = within(serve).await.unwrap().unwrap();
     // A panic is answered, and the worker serves the next call.
-    for (text, answer) in [("panic", "handler panicked"), ("four", "4")] {
+    let calls = [
+        ("panic", "handler panicked"),
+        ("early", "handler panicked"),
+        ("four", "4"),
+    ];
+    for (text, answer) in calls {
         let mut req = Message::plain_text(text);
         req.correlation_id = Some(create.id);
         peer.send(&req).await;

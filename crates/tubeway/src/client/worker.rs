@@ -109,14 +109,21 @@ where
 }
 
 /// Runs an async handler in the task that answers the call, a panic caught
-/// and reported: a task of its own would cost a second spawn per call.
+/// and reported: a task of its own would cost a second spawn per call. The
+/// handler is called where the call is first polled, which may be the
+/// connection's reader: a panic before it returns its future is caught too.
 pub(crate) fn async_dispatch<F, Fut>(handler: F) -> Dispatch
 where
     F: Fn(Message) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = std::result::Result<Message, HandlerError>> + Send + 'static,
 {
-    Arc::new(move |msg| {
-        let run = AssertUnwindSafe(handler(msg)).catch_unwind();
-        Box::pin(async move { run.await.map_err(|_| HandlerFailure::Panicked) })
-    })
+    Arc::new(
+        move |msg| match std::panic::catch_unwind(AssertUnwindSafe(|| handler(msg))) {
+            Ok(fut) => {
+                let run = AssertUnwindSafe(fut).catch_unwind();
+                Box::pin(async move { run.await.map_err(|_| HandlerFailure::Panicked) })
+            }
+            Err(_) => Box::pin(std::future::ready(Err(HandlerFailure::Panicked))),
+        },
+    )
 }
