@@ -144,15 +144,14 @@ impl WorkerCalls {
     }
 }
 
-/// The answer to a forwarded call, as its caller must see it.
-pub(crate) fn readdressed(mut resp: Message, to: &ReplyTo) -> Message {
+/// Makes a worker's answer to a forwarded call the answer its caller must see.
+pub(crate) fn readdress(resp: &mut Message, to: &ReplyTo) {
     resp.id = Uuid::new_v4();
     resp.correlation_id = Some(to.id);
     resp.request_id.clone_from(&to.request_id);
     if resp.response_status.is_none() {
         resp.response_status = Some(ResponseStatus::ServerError);
     }
-    resp
 }
 
 /// The error of a call whose worker went away before answering.
@@ -164,12 +163,16 @@ pub(crate) fn worker_gone() -> BrokerError {
 }
 
 impl Route {
-    /// Answers the caller with the worker's response.
-    pub fn answered(self, resp: Message) {
-        let resp = readdressed(resp, &self.to);
+    /// Answers the caller with the worker's response, changed in place
+    /// and sent from where the reader put it: a message moved is copied
+    /// whole.
+    pub fn answered(self, mut resp: Box<Message>) {
+        readdress(&mut resp, &self.to);
         self.function
             .count(resp.response_status != Some(ResponseStatus::Ok));
-        self.caller.answer_now(&self.to, Ok(resp));
+        if !self.to.oneway {
+            self.caller.send_answer_now(&resp);
+        }
     }
 
     /// Fails the call with `e`.

@@ -315,11 +315,16 @@ impl SessionShared {
     /// [`answer`](Self::answer) from code that cannot wait: written at once
     /// if the writer has room, else by a task that waits for it.
     pub(crate) fn answer_now(self: &Arc<Self>, to: &ReplyTo, result: Result<Message, BrokerError>) {
-        let Some(msg) = self.answer_message(to, result) else {
-            return;
-        };
+        if let Some(msg) = self.answer_message(to, result) {
+            self.send_answer_now(&msg);
+        }
+    }
+
+    /// Sends `msg`, an answer, from code that cannot wait: written at once
+    /// if the writer has room, else by a task that waits for it.
+    pub(crate) fn send_answer_now(self: &Arc<Self>, msg: &Message) {
         let batch = self.pipelined();
-        if let SendNow::Full(frame) = self.send_now(&msg, batch) {
+        if let SendNow::Full(frame) = self.send_now(msg, batch) {
             let shared = self.clone();
             self.inner.tracker.spawn(async move {
                 shared.send_frame(frame, batch).await;
@@ -371,17 +376,18 @@ impl SessionShared {
             return Err(forward::worker_gone());
         }
         let Some(rx) = rx else { return Ok(None) };
-        let resp = rx.await.map_err(|_| forward::worker_gone())?;
-        Ok(Some(forward::readdressed(resp, &caller)))
+        let mut resp = rx.await.map_err(|_| forward::worker_gone())?;
+        forward::readdress(&mut resp, &caller);
+        Ok(Some(resp))
     }
 
-    fn worker_answered(&self, resp: Message) {
+    fn worker_answered(&self, resp: Box<Message>) {
         let waiter = resp
             .correlation_id
             .and_then(|c| self.worker_calls().remove(&c));
         match waiter {
             Some(Reply::Waiter(tx)) => {
-                let _ = tx.send(resp);
+                let _ = tx.send(*resp);
             }
             Some(Reply::Route(route)) => route.answered(resp),
             // The call timed out or its caller left; nothing to do.
@@ -742,7 +748,7 @@ impl Session {
             match item {
                 Ok(Some(Decoded::Message(m))) if m.r#type == MessageType::Response => {
                     Counters::inc(&self.inner.counters.messages_in);
-                    self.shared.worker_answered(*m);
+                    self.shared.worker_answered(m);
                 }
                 Ok(Some(Decoded::Message(m))) => {
                     Counters::inc(&self.inner.counters.messages_in);
@@ -761,7 +767,7 @@ impl Session {
     // holding a message by value would copy all of it into its future.
     async fn handle(&mut self, m: Box<Message>) {
         if m.r#type == MessageType::Response {
-            self.shared.worker_answered(*m);
+            self.shared.worker_answered(m);
             return;
         }
         let to = ReplyTo::of(&m);
