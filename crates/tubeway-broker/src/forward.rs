@@ -241,20 +241,10 @@ async fn sweep(worker: Arc<SessionShared>) {
 #[cfg(test)]
 mod tests {
     use tokio::sync::Semaphore;
-    use tubeway_transport::{FrameWriter, Listener, Url};
 
     use super::*;
+    use crate::session::tests::session;
     use crate::{Broker, BrokerConfig};
-
-    /// A connection's shared part over an in-process pipe.
-    async fn session(broker: &Broker, id: u64) -> (Arc<SessionShared>, Listener) {
-        let url = Url::Mem(format!("forward-test-{}", Uuid::new_v4()));
-        let listener = Listener::bind(&url).await.unwrap();
-        let conn = tubeway_transport::connect(&url).await.unwrap();
-        let (writer, _flusher) = FrameWriter::new(conn.writer);
-        let shared = SessionShared::new(id, "test".into(), broker.inner.clone(), writer);
-        (shared, listener)
-    }
 
     fn route(caller: &Arc<SessionShared>, function: &Arc<Function>) -> Reply {
         Reply::Route(Route {

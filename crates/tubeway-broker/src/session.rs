@@ -782,9 +782,9 @@ impl Session {
         }
         let result = match m.r#type {
             MessageType::Request => return self.call(m).await,
-            MessageType::Offer => return self.offer(*m).await,
-            MessageType::Poll => return self.poll(*m).await,
-            MessageType::Subscribe => return self.subscribe(*m).await,
+            MessageType::Offer => return self.offer(m).await,
+            MessageType::Poll => return self.poll(m).await,
+            MessageType::Subscribe => return self.subscribe(m).await,
             _ => self.immediate(&to, *m),
         };
         self.shared.answer(&to, result).await;
@@ -1051,7 +1051,7 @@ impl Session {
         }
     }
 
-    async fn offer(&mut self, mut m: Message) {
+    async fn offer(&mut self, mut m: Box<Message>) {
         let to = ReplyTo::of(&m);
         let q = match check_name(m.destination.as_deref()).and_then(|n| self.inner.queue(n)) {
             Ok(q) => q,
@@ -1065,7 +1065,7 @@ impl Session {
         m.timeout = None;
         m.oneway = false;
         let ok = |to: &ReplyTo| to.response(ResponseStatus::Ok);
-        match q.offer_now(m) {
+        match q.offer_now(*m) {
             Ok(()) => {
                 self.shared.answer(&to, Ok(ok(&to))).await;
             }
@@ -1095,7 +1095,7 @@ impl Session {
         }
     }
 
-    async fn poll(&mut self, m: Message) {
+    async fn poll(&mut self, m: Box<Message>) {
         let to = ReplyTo {
             oneway: false,
             ..ReplyTo::of(&m)
@@ -1146,7 +1146,7 @@ impl Session {
         }
     }
 
-    async fn subscribe(&mut self, m: Message) {
+    async fn subscribe(&mut self, m: Box<Message>) {
         let to = ReplyTo::of(&m);
         let result = (|| {
             let name = check_name(m.destination.as_deref())?;
@@ -1282,13 +1282,16 @@ async fn deliver_polled(
     shared: &SessionShared,
     q: &crate::queue::Queue,
     to: &ReplyTo,
-    found: Message,
+    mut found: Message,
 ) {
-    let mut r = found.clone();
-    r.r#type = MessageType::Response;
-    r.response_status = Some(ResponseStatus::Ok);
-    r.correlation_id = Some(to.id);
-    if !shared.send(&r).await {
+    // Sent as the answer itself, and put back as it was if it cannot be:
+    // a copy kept for that would cost its strings each time.
+    let kept = (found.r#type, found.response_status, found.correlation_id);
+    found.r#type = MessageType::Response;
+    found.response_status = Some(ResponseStatus::Ok);
+    found.correlation_id = Some(to.id);
+    if !shared.send(&found).await {
+        (found.r#type, found.response_status, found.correlation_id) = kept;
         q.requeue(found);
     }
 }
@@ -1305,4 +1308,52 @@ fn durable_unsupported(durable: bool) -> Result<(), BrokerError> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use tubeway_proto::ops::QueueKind;
+    use tubeway_transport::{Listener, Url};
+
+    use super::*;
+    use crate::{Broker, BrokerConfig};
+
+    /// A connection's shared part over an in-process pipe, and the pipe's
+    /// listener, which must live as long as it.
+    pub(crate) async fn session(broker: &Broker, id: u64) -> (Arc<SessionShared>, Listener) {
+        let url = Url::Mem(format!("session-test-{}", Uuid::new_v4()));
+        let listener = Listener::bind(&url).await.unwrap();
+        let conn = tubeway_transport::connect(&url).await.unwrap();
+        let (writer, _flusher) = FrameWriter::new(conn.writer);
+        let shared = SessionShared::new(id, "test".into(), broker.inner.clone(), writer);
+        (shared, listener)
+    }
+
+    #[tokio::test]
+    async fn a_polled_message_that_cannot_be_delivered_goes_back_as_it_was() {
+        let broker = Broker::new(BrokerConfig::default());
+        broker.create_queue("q", 10, QueueKind::Bounded).unwrap();
+        let q = broker.inner.queue("q").unwrap();
+        let mut offered = Message::plain_text("kept").with_subject("s");
+        offered.r#type = MessageType::Offer;
+        offered.correlation_id = Some(Uuid::new_v4());
+        q.offer_now(offered.clone()).unwrap();
+
+        let (poller, _listener) = session(&broker, 1).await;
+        poller.set_gone();
+        let to = ReplyTo {
+            id: Uuid::new_v4(),
+            request_id: None,
+            oneway: false,
+        };
+        deliver_polled(&poller, &q, &to, q.poll_now().unwrap()).await;
+
+        let back = q.poll_now().unwrap();
+        assert_eq!(back.r#type, MessageType::Offer);
+        assert_eq!(back.response_status, None);
+        assert_eq!(back.correlation_id, offered.correlation_id);
+        assert_eq!((back.id, back.timestamp), (offered.id, offered.timestamp));
+        assert_eq!(back.payload, offered.payload);
+        assert_eq!(back.subject, offered.subject);
+    }
 }
