@@ -85,11 +85,23 @@ impl Topic {
         self.counters.published.fetch_add(1, Ordering::Relaxed);
         let (mut delivered, mut dropped) = (0, 0);
         let subs = lock(&self.subscribers);
-        for s in subs.iter() {
-            let mut d = msg.clone(); // the payload is shared, not copied
+        // One delivery is made and cloned for each subscriber but the last,
+        // which takes it (the payload is shared, not copied): a clone of the
+        // published message would copy its destination only to replace it.
+        let make = || {
+            let mut d = msg.clone();
             d.r#type = MessageType::Publish;
-            d.correlation_id = Some(s.id);
             d.destination = Some(self.name.clone());
+            d
+        };
+        let mut template = None;
+        for (i, s) in subs.iter().enumerate() {
+            let mut d = if i + 1 < subs.len() {
+                template.get_or_insert_with(make).clone()
+            } else {
+                template.take().unwrap_or_else(make)
+            };
+            d.correlation_id = Some(s.id);
             match s.tx.try_send(d) {
                 Ok(()) => delivered += 1,
                 Err(mpsc::error::TrySendError::Full(_)) => {
@@ -139,14 +151,22 @@ mod tests {
     #[tokio::test]
     async fn fan_out_in_order_and_drops_counted() {
         let t = Topic::new("t".into());
-        let mut fast = t.subscribe(Uuid::new_v4(), Some(1), 100);
-        let _slow = t.subscribe(Uuid::new_v4(), Some(2), 2);
+        let (fast_id, slow_id) = (Uuid::new_v4(), Uuid::new_v4());
+        let mut fast = t.subscribe(fast_id, Some(1), 100);
+        let mut slow = t.subscribe(slow_id, Some(2), 2);
         for i in 0..10 {
-            t.publish(&Message::plain_text(i.to_string()));
+            t.publish(&Message::plain_text(i.to_string()).with_destination("elsewhere"));
         }
-        for i in 0..10 {
-            let m = fast.recv().await.unwrap();
-            assert_eq!(m.text_payload().unwrap(), i.to_string());
+        // Each delivery is addressed from the topic to its own subscriber,
+        // the last subscriber's as much as the others'.
+        for (rx, id, n) in [(&mut fast, fast_id, 10), (&mut slow, slow_id, 2)] {
+            for i in 0..n {
+                let m = rx.recv().await.unwrap();
+                assert_eq!(m.text_payload().unwrap(), i.to_string());
+                assert_eq!(m.r#type, MessageType::Publish);
+                assert_eq!(m.destination.as_deref(), Some("t"));
+                assert_eq!(m.correlation_id, Some(id));
+            }
         }
         let s = t.status();
         assert_eq!((s.published, s.delivered, s.dropped), (10, 12, 8));
