@@ -635,13 +635,7 @@ async fn a_late_remote_answer_is_dropped_and_every_call_counted(h: &Harness) {
     assert_status(r, ResponseStatus::Timeout);
     step(started.recv()).await.unwrap();
     // Answered now, to nobody; then a call that is answered in time.
-    release.add_permits(2);
-    let r = step(caller.send("late", Message::plain_text("y")))
-        .await
-        .unwrap();
-    assert_eq!(text(&r), "done");
-    let s = step(caller.function_status("late")).await.unwrap();
-    assert_eq!((s.calls, s.errors), (2, 1));
+    release_and_call_again(&caller, "late", &release, (2, 1)).await;
 }
 
 async fn a_remote_answer_to_a_caller_that_left_is_dropped(h: &Harness) {
@@ -664,14 +658,25 @@ async fn a_remote_answer_to_a_caller_that_left_is_dropped(h: &Harness) {
     })
     .await;
     // The answer finds its caller gone; the worker serves the next caller.
-    release.add_permits(2);
     let next = h.client().await;
-    let r = step(next.send("left", Message::plain_text("y")))
+    release_and_call_again(&next, "left", &release, (2, 0)).await;
+}
+
+/// Lets a [`held_worker`] answer the call it holds and the next one, which
+/// `caller` makes; then the function has counted `(calls, errors)`.
+async fn release_and_call_again(
+    caller: &tubeway::AsyncClient,
+    name: &str,
+    release: &tokio::sync::Semaphore,
+    counted: (u64, u64),
+) {
+    release.add_permits(2);
+    let r = step(caller.send(name, Message::plain_text("y")))
         .await
         .unwrap();
     assert_eq!(text(&r), "done");
-    let s = step(next.function_status("left")).await.unwrap();
-    assert_eq!((s.calls, s.errors), (2, 0));
+    let s = step(caller.function_status(name)).await.unwrap();
+    assert_eq!((s.calls, s.errors), counted);
 }
 
 /// Calls forwarded to a worker hold their caller's slots of requests in
