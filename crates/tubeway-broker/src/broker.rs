@@ -358,9 +358,9 @@ impl Broker {
     /// handler runs on the reader of the caller's connection, at once and
     /// without a task of its own (the cheapest call there is), so it must be
     /// quick: calls on that connection wait for it, in order. Use
-    /// [`Broker::create_async_function`] for handlers that wait or work long;
-    /// their calls run concurrently. An error or a panic becomes a
-    /// `handler_error` response; the broker keeps serving.
+    /// [`Broker::create_async_function`] for handlers that wait; their calls
+    /// run concurrently. An error or a panic becomes a `handler_error`
+    /// response; the broker keeps serving.
     pub fn create_function<F>(&self, name: &str, handler: F) -> Result<(), BrokerError>
     where
         F: Fn(Message) -> Result<Message, HandlerError> + Send + Sync + 'static,
@@ -369,7 +369,12 @@ impl Broker {
             .add_function(name, Handler::Sync(Arc::new(handler)))
     }
 
-    /// Registers a function served by an async handler.
+    /// Registers a function served by an async handler. A call runs on the
+    /// caller's connection until its handler first waits, then on a task of
+    /// its own: a handler that completes without waiting costs no task, and
+    /// calls that wait run concurrently. Work that computes long without
+    /// waiting belongs in [`tokio::task::spawn_blocking`], or it holds up its
+    /// connection's next calls meanwhile.
     pub fn create_async_function<F, Fut>(&self, name: &str, handler: F) -> Result<(), BrokerError>
     where
         F: Fn(Message) -> Fut + Send + Sync + 'static,

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use serde::Serialize;
 use tokio::sync::{oneshot, Notify, Semaphore};
 use tokio::time::Instant;
@@ -957,7 +958,7 @@ impl Session {
             return self.forward(f, to, m).await;
         }
         let timeout = m.timeout.filter(|t| !t.is_zero());
-        self.spawn(to, async move {
+        let mut op = Box::pin(async move {
             let call = f.call(*m);
             let outcome = match timeout {
                 Some(t) => match tokio::time::timeout(t, call).await {
@@ -974,8 +975,18 @@ impl Session {
                 Ok(Some(resp)) => Some(Ok(resp)),
                 Err(e) => Some(Err(e)),
             }
-        })
-        .await;
+        });
+        // An async handler runs here until it first waits: one that never
+        // does, as most do not, costs no task. Polled with a waker that does
+        // nothing; a call that waits goes on as a task, whose first poll
+        // registers the task's waker.
+        match (&mut op).now_or_never() {
+            Some(Some(result)) => {
+                self.shared.answer(&to, result).await;
+            }
+            Some(None) => {}
+            None => self.spawn(to, op).await,
+        }
     }
 
     /// Forwards a client's call to one of the function's workers. The

@@ -24,6 +24,7 @@ crate::transport_tests! {
     unknown_function,
     a_replaced_function_serves_the_next_call,
     pipelined_calls_each_get_their_own_answer,
+    async_handlers_run_on_the_connection_until_they_wait,
     remote_worker_serves_calls,
     two_workers_share_calls_round_robin,
     worker_disconnect_fails_the_call_in_flight,
@@ -416,6 +417,51 @@ async fn pipelined_calls_each_get_their_own_answer(h: &Harness) {
     );
     assert_ne!(arrived, in_order, "the answers did not arrive out of order");
     assert_eq!(step(c.stats()).await.unwrap().connections, 1);
+}
+
+/// An async handler runs on its caller's connection until it first waits:
+/// one that never waits takes no task of its own, and one that waits leaves
+/// the connection free to read the call that releases it.
+async fn async_handlers_run_on_the_connection_until_they_wait(h: &Harness) {
+    // "wait" waits for a permit that "release" gives; "now" records its task.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let tasks = Arc::new(Mutex::new(Vec::new()));
+    let (g, t) = (gate.clone(), tasks.clone());
+    h.broker
+        .create_async_function("step", move |m: Message| {
+            let (gate, tasks) = (g.clone(), t.clone());
+            async move {
+                let text = m.text_payload()?;
+                if text == "wait" {
+                    drop(gate.acquire().await?);
+                } else if text == "release" {
+                    gate.add_permits(1);
+                } else {
+                    tasks.lock().unwrap().push(tokio::task::try_id());
+                }
+                drop(text);
+                Ok(m)
+            }
+        })
+        .unwrap();
+    let c = h.client().await;
+    let waiting = tokio::spawn({
+        let c = c.clone();
+        async move { c.send("step", Message::plain_text("wait")).await }
+    });
+    let freed = step(c.send("step", Message::plain_text("release"))).await;
+    assert_eq!(text(&freed.unwrap()), "release");
+    assert_eq!(text(&step(waiting).await.unwrap().unwrap()), "wait");
+
+    for _ in 0..3 {
+        let r = step(c.send("step", Message::plain_text("now"))).await;
+        assert_eq!(text(&r.unwrap()), "now");
+    }
+    // All three ran in the same task (or in none): the connection's, not
+    // one spawned per call.
+    let tasks = tasks.lock().unwrap().clone();
+    assert_eq!(tasks.len(), 3);
+    assert!(tasks.iter().all(|t| *t == tasks[0]), "{tasks:?}");
 }
 
 async fn remote_worker_serves_calls(h: &Harness) {
