@@ -6,6 +6,7 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
 use futures::FutureExt as _;
 use tubeway_proto::ops::FunctionStatus;
@@ -47,7 +48,7 @@ impl Handler {
     /// Runs the handler; its error or panic is the outcome's.
     async fn run(&self, req: Message) -> Outcome {
         match self {
-            Handler::Sync(f) => run_sync(f.as_ref(), req),
+            Handler::Sync(f) => std::panic::catch_unwind(AssertUnwindSafe(|| f(req))),
             Handler::Async(f) => {
                 let f = f.clone();
                 AssertUnwindSafe(async move { f(req).await })
@@ -58,8 +59,34 @@ impl Handler {
     }
 }
 
-fn run_sync(f: &SyncFn, req: Message) -> Outcome {
-    std::panic::catch_unwind(AssertUnwindSafe(|| f(req)))
+/// Runs an async handler on `req` until it ends or first waits: then its
+/// future, to go on with. What the handler gives is taken into `r` (see
+/// [`Function::call_inline`]).
+fn start_async(
+    f: &AsyncFn,
+    req: Box<Message>,
+    r: Option<&mut Message>,
+) -> Result<Outcome<()>, HandlerFuture> {
+    let mut fut = match std::panic::catch_unwind(AssertUnwindSafe(|| f(*req))) {
+        Ok(fut) => fut,
+        Err(panic) => return Ok(Err(panic)),
+    };
+    // Polled with a waker that does nothing: a call that waits is polled
+    // again by its task, which registers its own.
+    let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+    match std::panic::catch_unwind(AssertUnwindSafe(|| {
+        fut.as_mut().poll(&mut cx).map(|given| {
+            given.map(|mut m| {
+                if let Some(r) = r {
+                    take_answer(r, &mut m);
+                }
+            })
+        })
+    })) {
+        Ok(Poll::Pending) => Err(fut),
+        Ok(Poll::Ready(given)) => Ok(Ok(given)),
+        Err(panic) => Ok(Err(panic)),
+    }
 }
 
 /// Why a handler failed, for its `handler_error` answer or the log.
@@ -129,8 +156,27 @@ impl Caller {
 pub(crate) enum Inline<R> {
     /// The call ran; what was made of its response (none for a oneway call).
     Done(Option<R>),
-    /// The function does not run inline: the request, back.
-    NotInline(Box<Message>),
+    /// The call's async handler waits: the rest of the call.
+    Waits(Waiting),
+    /// The function is served by workers: the request, back.
+    Remote(Box<Message>),
+}
+
+/// A local call whose async handler waited when first polled.
+pub(crate) struct Waiting {
+    fut: HandlerFuture,
+    caller: Caller,
+}
+
+impl Waiting {
+    /// Runs the handler to its end; the response to send (none for a
+    /// oneway call). Counted as a call of `f` when it ends.
+    pub async fn finish(self, f: &Function) -> Option<Message> {
+        let outcome = AssertUnwindSafe(self.fut).catch_unwind().await;
+        let answer = f.local_answer(self.caller, outcome);
+        f.count(is_failure(answer.as_ref()));
+        answer
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -227,10 +273,12 @@ impl Function {
         result
     }
 
-    /// [`call`](Self::call) without a future, for a function whose calls
-    /// run inline on the caller's connection: a synchronous handler inside
-    /// the broker, quick by contract. Any other function hands the request
-    /// back.
+    /// [`call`](Self::call) on the caller's connection, without a future
+    /// of its own, for a function served inside the broker: a synchronous
+    /// handler runs to its end (quick by contract), an async one until it
+    /// first waits. A call whose handler waits comes back as
+    /// [`Inline::Waits`], to go on as a task; a function served by workers
+    /// hands the request back.
     ///
     /// The response is handed to `answer` where it was made, by reference:
     /// every move of a message on the way out copies all of it, and those
@@ -240,29 +288,62 @@ impl Function {
         req: Box<Message>,
         answer: impl FnOnce(&Message) -> R,
     ) -> Inline<R> {
-        let Some(Handler::Sync(f)) = &self.local else {
-            return Inline::NotInline(req);
+        let Some(handler) = &self.local else {
+            return Inline::Remote(req);
         };
         let caller = Caller::of(&req);
-        if caller.oneway {
-            self.log_oneway_failure(&run_sync(f.as_ref(), *req));
-            self.count(false);
-            return Inline::Done(None);
-        }
-        let mut r = Message::new(MessageType::Response);
-        // What the handler gives is taken apart where it is returned,
-        // inside the unwinding boundary: carried out of it, it would be
-        // copied whole.
-        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| match f(*req) {
-            Ok(mut m) => {
-                take_answer(&mut r, &mut m);
-                Ok(())
+        match handler {
+            Handler::Sync(f) => {
+                if caller.oneway {
+                    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| f(*req)));
+                    return self.oneway_done(&outcome);
+                }
+                let mut r = Message::new(MessageType::Response);
+                // What the handler gives is taken apart where it is
+                // returned, inside the unwinding boundary: carried out of
+                // it, it would be copied whole.
+                let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| match f(*req) {
+                    Ok(mut m) => {
+                        take_answer(&mut r, &mut m);
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }));
+                self.answered(&mut r, caller, &outcome, answer)
             }
-            Err(e) => Err(e),
-        }));
-        finish_response(&mut r, caller, &outcome);
-        self.count(is_failure(Some(&r)));
-        Inline::Done(Some(answer(&r)))
+            Handler::Async(f) => {
+                let mut r = (!caller.oneway).then(|| Message::new(MessageType::Response));
+                let outcome = match start_async(f.as_ref(), req, r.as_mut()) {
+                    Ok(outcome) => outcome,
+                    Err(fut) => return Inline::Waits(Waiting { fut, caller }),
+                };
+                match r.as_mut() {
+                    None => self.oneway_done(&outcome),
+                    Some(r) => self.answered(r, caller, &outcome, answer),
+                }
+            }
+        }
+    }
+
+    /// A oneway local call that ended: counted, and its failure logged.
+    fn oneway_done<R, T>(&self, outcome: &Outcome<T>) -> Inline<R> {
+        self.log_oneway_failure(outcome);
+        self.count(false);
+        Inline::Done(None)
+    }
+
+    /// A local call that ended: its response `r` finished, counted and
+    /// handed to `answer`.
+    fn answered<R, T>(
+        &self,
+        r: &mut Message,
+        caller: Caller,
+        outcome: &Outcome<T>,
+        answer: impl FnOnce(&Message) -> R,
+    ) -> Inline<R> {
+        finish_response(r, caller, outcome);
+        self.count(is_failure(Some(r)));
+        Inline::Done(Some(answer(r)))
     }
 
     /// Counts a call that ended, and whether it failed.
@@ -289,7 +370,7 @@ impl Function {
     }
 
     /// Logs a oneway call's failure: nobody else hears of it.
-    fn log_oneway_failure(&self, outcome: &Outcome) {
+    fn log_oneway_failure<T>(&self, outcome: &Outcome<T>) {
         if let Some(reason) = failure(outcome) {
             tracing::warn!(function = %self.name, %reason, "oneway call failed");
         }

@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
-use futures::FutureExt as _;
 use serde::Serialize;
 use tokio::sync::{oneshot, Notify, Semaphore};
 use tokio::time::Instant;
@@ -942,50 +941,36 @@ impl Session {
             self.shared.answer(&to, Err(e)).await;
             return;
         }
-        // Completes at once: nothing to wait for, so no task, no timer and
+        // A local call that completes at once takes no task, no timer and
         // no future.
         let shared = &self.shared;
-        let m = match f.call_inline(m, |r| shared.encode_out(r)) {
+        let timeout = m.timeout.filter(|t| !t.is_zero());
+        match f.call_inline(m, |r| shared.encode_out(r)) {
             Inline::Done(Some(Some(frame))) => {
                 shared.send_encoded(frame).await;
-                return;
             }
-            Inline::Done(_) => return,
-            Inline::NotInline(m) => m,
-        };
-        let f = f.clone();
-        if f.local.is_none() {
-            return self.forward(f, to, m).await;
-        }
-        let timeout = m.timeout.filter(|t| !t.is_zero());
-        let mut op = Box::pin(async move {
-            let call = f.call(*m);
-            let outcome = match timeout {
-                Some(t) => match tokio::time::timeout(t, call).await {
-                    Ok(r) => r,
-                    Err(_) => Err(BrokerError::new(
-                        ResponseStatus::Timeout,
-                        format!("no answer within {} ms", t.as_millis()),
-                    )),
-                },
-                None => call.await,
-            };
-            match outcome {
-                Ok(None) => None,
-                Ok(Some(resp)) => Some(Ok(resp)),
-                Err(e) => Some(Err(e)),
+            Inline::Done(_) => {}
+            Inline::Waits(call) => {
+                let f = f.clone();
+                self.spawn(to, async move {
+                    let call = call.finish(&f);
+                    match timeout {
+                        Some(t) => match tokio::time::timeout(t, call).await {
+                            Ok(answer) => answer.map(Ok),
+                            Err(_) => Some(Err(BrokerError::new(
+                                ResponseStatus::Timeout,
+                                format!("no answer within {} ms", t.as_millis()),
+                            ))),
+                        },
+                        None => call.await.map(Ok),
+                    }
+                })
+                .await;
             }
-        });
-        // An async handler runs here until it first waits: one that never
-        // does, as most do not, costs no task. Polled with a waker that does
-        // nothing; a call that waits goes on as a task, whose first poll
-        // registers the task's waker.
-        match (&mut op).now_or_never() {
-            Some(Some(result)) => {
-                self.shared.answer(&to, result).await;
+            Inline::Remote(m) => {
+                let f = f.clone();
+                self.forward(f, to, m).await;
             }
-            Some(None) => {}
-            None => self.spawn(to, op).await,
         }
     }
 

@@ -206,6 +206,27 @@ async fn oneway_call_runs_the_handler(h: &Harness) {
     assert_eq!(step(rx.recv()).await.unwrap(), "normal");
     assert_eq!(calls.load(Ordering::SeqCst), 4);
 
+    // The same of an async handler that answers without waiting.
+    let (atx, mut arx) = mpsc::unbounded_channel::<String>();
+    h.broker
+        .create_async_function("record-async", move |m: Message| {
+            let atx = atx.clone();
+            async move {
+                atx.send(m.text_payload()?.into_owned()).unwrap();
+                Ok(Message::plain_text("ignored"))
+            }
+        })
+        .unwrap();
+    step(c.send_oneway("record-async", Message::plain_text("fire")))
+        .await
+        .unwrap();
+    let r = step(c.send("record-async", Message::plain_text("normal")))
+        .await
+        .unwrap();
+    assert_eq!(text(&r), "ignored");
+    assert_eq!(step(arx.recv()).await.unwrap(), "fire");
+    assert_eq!(step(arx.recv()).await.unwrap(), "normal");
+
     // A oneway call to a remote worker reaches it too.
     let worker_client = h.client().await;
     let (wtx, mut wrx) = mpsc::unbounded_channel::<String>();
@@ -289,8 +310,15 @@ async fn handler_panic_is_reported_and_the_broker_keeps_serving(h: &Harness) {
             panic!("deliberate async test panic")
         })
         .unwrap();
+    // A panic before the handler's future is made.
+    h.broker
+        .create_async_function("panics-early", |m: Message| {
+            assert!(m.payload.is_empty(), "deliberate early async test panic");
+            async { Ok(Message::request()) }
+        })
+        .unwrap();
     let c = h.client().await;
-    for f in ["panics", "panics-async", "panics"] {
+    for f in ["panics", "panics-async", "panics-early", "panics"] {
         match step(c.send(f, Message::plain_text("x"))).await {
             Err(Error::Status { status, reason }) => {
                 assert_eq!(status, ResponseStatus::HandlerError, "{f}");
