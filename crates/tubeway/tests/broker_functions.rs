@@ -451,16 +451,19 @@ async fn pipelined_calls_each_get_their_own_answer(h: &Harness) {
 /// one that never waits takes no task of its own, and one that waits leaves
 /// the connection free to read the call that releases it.
 async fn async_handlers_run_on_the_connection_until_they_wait(h: &Harness) {
-    // "wait" waits for a permit that "release" gives; "now" records its task.
+    // "wait" says it waits, then waits for a permit that "release" gives;
+    // "now" records its task.
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let waits = Arc::new(tokio::sync::Notify::new());
     let tasks = Arc::new(Mutex::new(Vec::new()));
-    let (g, t) = (gate.clone(), tasks.clone());
+    let (g, w, t) = (gate.clone(), waits.clone(), tasks.clone());
     h.broker
         .create_async_function("step", move |m: Message| {
-            let (gate, tasks) = (g.clone(), t.clone());
+            let (gate, waits, tasks) = (g.clone(), w.clone(), t.clone());
             async move {
                 let text = m.text_payload()?;
                 if text == "wait" {
+                    waits.notify_one();
                     drop(gate.acquire().await?);
                 } else if text == "release" {
                     gate.add_permits(1);
@@ -477,6 +480,7 @@ async fn async_handlers_run_on_the_connection_until_they_wait(h: &Harness) {
         let c = c.clone();
         async move { c.send("step", Message::plain_text("wait")).await }
     });
+    step(waits.notified()).await;
     let freed = step(c.send("step", Message::plain_text("release"))).await;
     assert_eq!(text(&freed.unwrap()), "release");
     assert_eq!(text(&step(waiting).await.unwrap().unwrap()), "wait");
