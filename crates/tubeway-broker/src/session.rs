@@ -234,6 +234,12 @@ impl SessionShared {
         true
     }
 
+    /// Whether a frame sent at once is a copy into shared memory, which
+    /// costs the sender no system call.
+    pub(crate) fn writes_to_memory(&self) -> bool {
+        self.writer.writes_to_memory()
+    }
+
     /// Sends `msg` if that needs no waiting, from code that cannot wait;
     /// with whatever else is queued when `batch`.
     pub(crate) fn send_now(&self, msg: &Message, batch: bool) -> SendNow {
@@ -785,6 +791,7 @@ impl Session {
             MessageType::Offer => return self.offer(m).await,
             MessageType::Poll => return self.poll(m).await,
             MessageType::Subscribe => return self.subscribe(m).await,
+            MessageType::Publish => return self.publish(m).await,
             _ => self.immediate(&to, *m),
         };
         self.shared.answer(&to, result).await;
@@ -803,20 +810,6 @@ impl Session {
                         t.cancel();
                     }
                 }
-                Ok(to.response(ResponseStatus::Ok))
-            }
-            MessageType::Publish => {
-                let topic = inner.topic(dest()?)?;
-                if m.is_expired() {
-                    return Err(BrokerError::new(
-                        ResponseStatus::Expired,
-                        "message expired before it was published",
-                    ));
-                }
-                let mut m = m;
-                m.timeout = None;
-                m.oneway = false;
-                topic.publish(&m);
                 Ok(to.response(ResponseStatus::Ok))
             }
             MessageType::Unsubscribe => {
@@ -1142,6 +1135,34 @@ impl Session {
         }
     }
 
+    /// Publishes to a topic. The publisher is answered first: its answer
+    /// says the broker took the message, and the deliveries, which may have
+    /// to wake sleeping subscribers, then cost it no time.
+    async fn publish(&mut self, mut m: Box<Message>) {
+        let to = ReplyTo::of(&m);
+        let topic = check_name(m.destination.as_deref()).and_then(|name| self.inner.topic(name));
+        let topic = match topic {
+            Ok(_) if m.is_expired() => Err(BrokerError::new(
+                ResponseStatus::Expired,
+                "message expired before it was published",
+            )),
+            other => other,
+        };
+        let topic = match topic {
+            Ok(topic) => topic,
+            Err(e) => {
+                self.shared.answer(&to, Err(e)).await;
+                return;
+            }
+        };
+        self.shared
+            .answer(&to, Ok(to.response(ResponseStatus::Ok)))
+            .await;
+        m.timeout = None;
+        m.oneway = false;
+        topic.publish(&m);
+    }
+
     async fn subscribe(&mut self, m: Box<Message>) {
         let to = ReplyTo::of(&m);
         let result = (|| {
@@ -1164,7 +1185,7 @@ impl Session {
                 return;
             }
         };
-        let mut rx = topic.subscribe(m.id, Some(self.shared.id), buffer);
+        let sub = topic.subscribe_client(m.id, &self.shared, buffer);
         self.owned.subscriptions.push((topic.name.clone(), m.id));
         // The answer is queued before any delivery, so the client knows the
         // subscription before its first message arrives.
@@ -1174,9 +1195,15 @@ impl Session {
         let shared = self.shared.clone();
         self.spawned = true;
         self.inner.tracker.spawn(async move {
+            let crate::topic::Subscribed { mut rx, queued } = sub;
+            // The answer is out: deliveries may now skip the buffer once it
+            // is empty.
+            queued.fetch_sub(1, Ordering::AcqRel);
             while let Some(d) = rx.recv().await {
                 // More deliveries right behind: they leave together.
-                if !shared.send_as(&d, !rx.is_empty()).await {
+                let sent = shared.send_as(&d, !rx.is_empty()).await;
+                queued.fetch_sub(1, Ordering::AcqRel);
+                if !sent {
                     break;
                 }
             }
@@ -1320,7 +1347,8 @@ pub(crate) mod tests {
         let url = Url::Mem(format!("session-test-{}", Uuid::new_v4()));
         let listener = Listener::bind(&url).await.unwrap();
         let conn = tubeway_transport::connect(&url).await.unwrap();
-        let (writer, _flusher) = FrameWriter::new(conn.writer);
+        let (writer, flusher) = FrameWriter::new(conn.writer);
+        tokio::spawn(flusher);
         let shared = SessionShared::new(id, "test".into(), broker.inner.clone(), writer);
         (shared, listener)
     }

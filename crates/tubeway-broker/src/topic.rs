@@ -5,13 +5,15 @@
 //! and the drop is counted, so a slow subscriber never slows the publisher or
 //! the other subscribers, and no loss is silent.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 use tubeway_proto::ops::TopicStatus;
 use tubeway_proto::{Message, MessageType};
 use uuid::Uuid;
+
+use crate::session::{SendNow, SessionShared};
 
 /// What a subscriber receives: a `publish` or, when the topic goes away, an `unsubscribe`.
 pub(crate) type Delivery = Message;
@@ -23,6 +25,65 @@ pub(crate) struct Subscriber {
     pub conn: Option<u64>,
     tx: mpsc::Sender<Delivery>,
     dropped: AtomicU64,
+    /// A client's subscription: its connection, which a publish writes to
+    /// itself while nothing waits in the buffer.
+    direct: Option<Arc<SessionShared>>,
+    /// Deliveries in the buffer or being written from it, plus one until
+    /// the subscription's answer has gone out: while not zero, deliveries
+    /// queue behind them, so they keep their order.
+    queued: Arc<AtomicUsize>,
+}
+
+/// What became of a delivery.
+enum Fate {
+    Delivered,
+    /// The subscriber's buffer is full: dropped.
+    Full,
+    /// The subscriber is going away; its removal is in progress.
+    Closed,
+}
+
+impl Subscriber {
+    /// Puts `d` in the buffer for the subscription's task.
+    fn enqueue(&self, d: Delivery) -> Fate {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        let fate = match self.tx.try_send(d) {
+            Ok(()) => return Fate::Delivered,
+            Err(mpsc::error::TrySendError::Full(_)) => Fate::Full,
+            Err(mpsc::error::TrySendError::Closed(_)) => Fate::Closed,
+        };
+        self.queued.fetch_sub(1, Ordering::AcqRel);
+        fate
+    }
+
+    /// Delivers `d`: handed to the subscriber's connection at once when
+    /// nothing waits before it and the connection takes it without waiting,
+    /// else put in the buffer. A delivery that skips the buffer skips a task
+    /// wake-up and a hop between threads. Over shared memory it is written
+    /// right here; over a socket it is queued for the connection's writer,
+    /// so that the topic's lock is never held across system calls.
+    fn deliver(&self, d: Delivery) -> Fate {
+        if let Some(conn) = &self.direct {
+            if self.queued.load(Ordering::Acquire) == 0 {
+                match conn.send_now(&d, !conn.writes_to_memory()) {
+                    SendNow::Sent => return Fate::Delivered,
+                    SendNow::Gone => return Fate::Closed,
+                    SendNow::Full(_) => {}
+                }
+            }
+        }
+        self.enqueue(d)
+    }
+}
+
+/// A client's subscription, as the connection's task that writes from its
+/// buffer sees it.
+#[derive(Debug)]
+pub(crate) struct Subscribed {
+    pub rx: mpsc::Receiver<Delivery>,
+    /// See [`Subscriber::queued`]: the task takes one off for each delivery
+    /// it has written, and one once the subscription's answer is out.
+    pub queued: Arc<AtomicUsize>,
 }
 
 #[derive(Debug, Default)]
@@ -67,8 +128,34 @@ impl Topic {
             conn,
             tx,
             dropped: AtomicU64::new(0),
+            direct: None,
+            queued: Arc::default(),
         }));
         rx
+    }
+
+    /// Adds the subscription `id` of the client connection `conn`, with a
+    /// buffer of `buffer` deliveries for when the connection cannot take one
+    /// at once. Until the task that writes from the buffer takes one off
+    /// [`Subscribed::queued`], deliveries wait in the buffer: the client
+    /// must have the subscription's answer before its first delivery.
+    pub fn subscribe_client(
+        &self,
+        id: Uuid,
+        conn: &Arc<SessionShared>,
+        buffer: usize,
+    ) -> Subscribed {
+        let (tx, rx) = mpsc::channel(buffer.max(1));
+        let queued = Arc::new(AtomicUsize::new(1));
+        lock(&self.subscribers).push(Arc::new(Subscriber {
+            id,
+            conn: Some(conn.id),
+            tx,
+            dropped: AtomicU64::new(0),
+            direct: Some(conn.clone()),
+            queued: queued.clone(),
+        }));
+        Subscribed { rx, queued }
     }
 
     /// Removes the subscriptions of `conn` matching `id` (all of them when `id` is `None`).
@@ -102,14 +189,13 @@ impl Topic {
                 template.take().unwrap_or_else(make)
             };
             d.correlation_id = Some(s.id);
-            match s.tx.try_send(d) {
-                Ok(()) => delivered += 1,
-                Err(mpsc::error::TrySendError::Full(_)) => {
+            match s.deliver(d) {
+                Fate::Delivered => delivered += 1,
+                Fate::Full => {
                     s.dropped.fetch_add(1, Ordering::Relaxed);
                     dropped += 1;
                 }
-                // The subscriber is going away; its removal is in progress.
-                Err(mpsc::error::TrySendError::Closed(_)) => {}
+                Fate::Closed => {}
             }
         }
         drop(subs);
@@ -128,7 +214,7 @@ impl Topic {
             m.correlation_id = Some(s.id);
             m.destination = Some(self.name.clone());
             // A full buffer still ends: dropping the sender closes the channel.
-            let _ = s.tx.try_send(m);
+            s.enqueue(m);
         }
     }
 
@@ -182,5 +268,44 @@ mod tests {
         assert_eq!(m.r#type, MessageType::Unsubscribe);
         assert_eq!(m.correlation_id, Some(id));
         assert!(rx.recv().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_client_delivery_skips_the_buffer_only_when_nothing_waits_there() {
+        use tubeway_proto::Decoded;
+        use tubeway_transport::FrameReader;
+
+        let broker = crate::Broker::new(crate::BrokerConfig::default());
+        let (conn, mut listener) = crate::session::tests::session(&broker, 7).await;
+        let mut peer = FrameReader::new(listener.accept().await.unwrap().reader, 1 << 20);
+        let t = Topic::new("t".into());
+        let id = Uuid::new_v4();
+        let Subscribed { mut rx, queued } = t.subscribe_client(id, &conn, 10);
+        let publish = |i: u32| t.publish(&Message::plain_text(i.to_string()));
+
+        // Until the subscription's answer is out, deliveries wait in the
+        // buffer; then a delivery still queues behind those waiting there.
+        assert_eq!((publish(0), publish(1)), ((1, 0), (1, 0)));
+        queued.fetch_sub(1, Ordering::AcqRel);
+        publish(2);
+        assert_eq!(rx.len(), 3);
+        // Written from the buffer, as the connection's task does...
+        while let Ok(d) = rx.try_recv() {
+            assert!(conn.send_as(&d, false).await);
+            queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        // ...after which a delivery goes to the connection at once.
+        assert_eq!(publish(3), (1, 0));
+        assert!(rx.is_empty());
+        for i in 0..4 {
+            let next = tokio::time::timeout(std::time::Duration::from_secs(10), peer.next());
+            let Some(Decoded::Message(m)) = next.await.unwrap().unwrap() else {
+                panic!("delivery {i} missing");
+            };
+            assert_eq!(m.text_payload().unwrap(), i.to_string());
+            assert_eq!(m.correlation_id, Some(id));
+            assert_eq!(m.destination.as_deref(), Some("t"));
+        }
+        assert_eq!(t.status().delivered, 4);
     }
 }

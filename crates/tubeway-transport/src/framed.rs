@@ -692,6 +692,12 @@ impl FrameWriter {
         )
     }
 
+    /// Whether a frame written at once is a copy into memory, not a system
+    /// call (see [`WriteHalf::writes_to_memory`]).
+    pub fn writes_to_memory(&self) -> bool {
+        self.handle.shared.io.writes_to_memory()
+    }
+
     /// Sends one frame: written at once when the stream is idle and has room,
     /// queued otherwise. Waits only while the queue is over its bound.
     pub async fn send(&self, frame: EncodedFrame) -> Result<(), WriteError> {

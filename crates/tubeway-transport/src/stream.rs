@@ -311,6 +311,12 @@ pub struct WriteHalf {
 }
 
 impl WriteHalf {
+    /// Whether a write copies into memory the peer reads (shared memory)
+    /// rather than making a system call.
+    pub fn writes_to_memory(&self) -> bool {
+        matches!(self.inner, WriteInner::Shm(_))
+    }
+
     /// Writes what fits now, without waiting: `WouldBlock` when nothing
     /// does. Always asks the kernel (the reactor's view may be stale), and
     /// never raises SIGPIPE: a closed peer is a `BrokenPipe` error.
