@@ -1344,7 +1344,20 @@ pub(crate) mod tests {
     /// A connection's shared part over an in-process pipe, and the pipe's
     /// listener, which must live as long as it.
     pub(crate) async fn session(broker: &Broker, id: u64) -> (Arc<SessionShared>, Listener) {
-        let url = Url::Mem(format!("session-test-{}", Uuid::new_v4()));
+        session_at(
+            broker,
+            id,
+            Url::Mem(format!("session-test-{}", Uuid::new_v4())),
+        )
+        .await
+    }
+
+    /// [`session`] over the transport of `url`.
+    pub(crate) async fn session_at(
+        broker: &Broker,
+        id: u64,
+        url: Url,
+    ) -> (Arc<SessionShared>, Listener) {
         let listener = Listener::bind(&url).await.unwrap();
         let conn = tubeway_transport::connect(&url).await.unwrap();
         let (writer, flusher) = FrameWriter::new(conn.writer);

@@ -25,8 +25,8 @@ pub(crate) struct Subscriber {
     pub conn: Option<u64>,
     tx: mpsc::Sender<Delivery>,
     dropped: AtomicU64,
-    /// A client's subscription: its connection, which a publish writes to
-    /// itself while nothing waits in the buffer.
+    /// A client's subscription over shared memory: its connection, which a
+    /// publish writes to itself while nothing waits in the buffer.
     direct: Option<Arc<SessionShared>>,
     /// Deliveries in the buffer or being written from it, plus one until
     /// the subscription's answer has gone out: while not zero, deliveries
@@ -56,16 +56,16 @@ impl Subscriber {
         fate
     }
 
-    /// Delivers `d`: handed to the subscriber's connection at once when
-    /// nothing waits before it and the connection takes it without waiting,
-    /// else put in the buffer. A delivery that skips the buffer skips a task
-    /// wake-up and a hop between threads. Over shared memory it is written
-    /// right here; over a socket it is queued for the connection's writer,
-    /// so that the topic's lock is never held across system calls.
+    /// Delivers `d`: written to the subscriber's shared memory at once when
+    /// nothing waits before it and the ring has room, else put in the
+    /// buffer. A delivery that skips the buffer skips a task wake-up and a
+    /// hop between threads. Over a socket a write is a system call, which
+    /// the topic's lock must not be held across: there every delivery goes
+    /// through the buffer.
     fn deliver(&self, d: Delivery) -> Fate {
         if let Some(conn) = &self.direct {
             if self.queued.load(Ordering::Acquire) == 0 {
-                match conn.send_now(&d, !conn.writes_to_memory()) {
+                match conn.send_now(&d, false) {
                     SendNow::Sent => return Fate::Delivered,
                     SendNow::Gone => return Fate::Closed,
                     SendNow::Full(_) => {}
@@ -135,8 +135,9 @@ impl Topic {
     }
 
     /// Adds the subscription `id` of the client connection `conn`, with a
-    /// buffer of `buffer` deliveries for when the connection cannot take one
-    /// at once. Until the task that writes from the buffer takes one off
+    /// buffer of `buffer` deliveries (for every delivery over a socket;
+    /// over shared memory, for those the ring cannot take at once). Until
+    /// the task that writes from the buffer takes one off
     /// [`Subscribed::queued`], deliveries wait in the buffer: the client
     /// must have the subscription's answer before its first delivery.
     pub fn subscribe_client(
@@ -152,7 +153,7 @@ impl Topic {
             conn: Some(conn.id),
             tx,
             dropped: AtomicU64::new(0),
-            direct: Some(conn.clone()),
+            direct: conn.writes_to_memory().then(|| conn.clone()),
             queued: queued.clone(),
         }));
         Subscribed { rx, queued }
@@ -271,12 +272,16 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_client_delivery_skips_the_buffer_only_when_nothing_waits_there() {
+    async fn a_shm_delivery_skips_the_buffer_only_when_nothing_waits_there() {
         use tubeway_proto::Decoded;
         use tubeway_transport::FrameReader;
 
         let broker = crate::Broker::new(crate::BrokerConfig::default());
-        let (conn, mut listener) = crate::session::tests::session(&broker, 7).await;
+        let dir = std::env::temp_dir().join(format!("tubeway-topic-test-{}", Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("shm://{}/t.shm", dir.display()).parse().unwrap();
+        let (conn, mut listener) = crate::session::tests::session_at(&broker, 7, url).await;
+        assert!(conn.writes_to_memory());
         let mut peer = FrameReader::new(listener.accept().await.unwrap().reader, 1 << 20);
         let t = Topic::new("t".into());
         let id = Uuid::new_v4();
@@ -307,5 +312,16 @@ mod tests {
             assert_eq!(m.destination.as_deref(), Some("t"));
         }
         assert_eq!(t.status().delivered, 4);
+        drop(listener);
+        let _ = std::fs::remove_dir_all(&dir);
+
+        // Over a socket every delivery goes through the buffer: a write
+        // there is a system call, not to be made under the topic's lock.
+        let (conn, _listener) = crate::session::tests::session(&broker, 8).await;
+        assert!(!conn.writes_to_memory());
+        let Subscribed { rx, queued } = t.subscribe_client(Uuid::new_v4(), &conn, 10);
+        queued.fetch_sub(1, Ordering::AcqRel);
+        publish(4);
+        assert_eq!(rx.len(), 1);
     }
 }
