@@ -56,6 +56,28 @@ pub(crate) fn check_name(n: Option<&str>) -> Result<&str, BrokerError> {
     Ok(n)
 }
 
+/// The answer to a call that had `t` to be answered and was not.
+pub(crate) fn no_answer_within(t: Duration) -> BrokerError {
+    BrokerError::new(
+        ResponseStatus::Timeout,
+        format!("no answer within {} ms", t.as_millis()),
+    )
+}
+
+/// Waits for `call` at most `timeout` (a call's timeout: none, or zero,
+/// is no bound).
+pub(crate) async fn within<T>(
+    timeout: Option<Duration>,
+    call: impl std::future::Future<Output = T>,
+) -> Result<T, BrokerError> {
+    match timeout.filter(|t| !t.is_zero()) {
+        Some(t) => tokio::time::timeout(t, call)
+            .await
+            .map_err(|_| no_answer_within(t)),
+        None => Ok(call.await),
+    }
+}
+
 pub(crate) fn queue_error(q: &str, e: QueueError) -> BrokerError {
     match e {
         QueueError::Full => {
@@ -396,17 +418,7 @@ impl Broker {
         msg.destination = Some(function.to_owned());
         msg.oneway = false;
         let f = self.inner.function(function)?;
-        let timeout = msg.timeout.filter(|t| !t.is_zero());
-        let call = f.call(msg);
-        let answer = match timeout {
-            Some(t) => tokio::time::timeout(t, call).await.map_err(|_| {
-                BrokerError::new(
-                    ResponseStatus::Timeout,
-                    format!("no answer within {} ms", t.as_millis()),
-                )
-            })?,
-            None => call.await,
-        };
+        let answer = within(msg.timeout, f.call(msg)).await?;
         let resp =
             answer?.ok_or_else(|| BrokerError::new(ResponseStatus::ServerError, "no response"))?;
         match resp.status() {

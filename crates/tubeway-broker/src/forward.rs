@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tubeway_proto::{Message, ResponseStatus};
 use uuid::Uuid;
 
-use crate::broker::BrokerError;
+use crate::broker::{no_answer_within, BrokerError};
 use crate::function::Function;
 use crate::session::{ReplyTo, SessionShared};
 
@@ -230,10 +230,7 @@ async fn sweep(worker: Arc<SessionShared>) {
         let expired = worker.worker_calls().expired(Instant::now());
         for r in expired {
             let t = r.expires.map_or(Duration::ZERO, |(_, t)| t);
-            r.failed(BrokerError::new(
-                ResponseStatus::Timeout,
-                format!("no answer within {} ms", t.as_millis()),
-            ));
+            r.failed(no_answer_within(t));
         }
     }
 }

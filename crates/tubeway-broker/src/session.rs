@@ -26,7 +26,7 @@ use tubeway_transport::{Connection, FrameReader, FrameWriter, ReadError, SpinGro
 use uuid::Uuid;
 
 use crate::access::{self, Identity};
-use crate::broker::{check_name, queue_error, BrokerError, Inner};
+use crate::broker::{check_name, queue_error, within, BrokerError, Inner};
 use crate::forward::{self, Reply, Route, WorkerCalls};
 use crate::function::{Function, Inline, WorkerRef};
 use crate::queue::QueueError;
@@ -937,7 +937,7 @@ impl Session {
         // A local call that completes at once takes no task, no timer and
         // no future.
         let shared = &self.shared;
-        let timeout = m.timeout.filter(|t| !t.is_zero());
+        let timeout = m.timeout;
         match f.call_inline(m, |r| shared.encode_out(r)) {
             Inline::Done(Some(Some(frame))) => {
                 shared.send_encoded(frame).await;
@@ -946,16 +946,9 @@ impl Session {
             Inline::Waits(call) => {
                 let f = f.clone();
                 self.spawn(to, async move {
-                    let call = call.finish(&f);
-                    match timeout {
-                        Some(t) => match tokio::time::timeout(t, call).await {
-                            Ok(answer) => answer.map(Ok),
-                            Err(_) => Some(Err(BrokerError::new(
-                                ResponseStatus::Timeout,
-                                format!("no answer within {} ms", t.as_millis()),
-                            ))),
-                        },
-                        None => call.await.map(Ok),
+                    match within(timeout, call.finish(&f)).await {
+                        Ok(answer) => answer.map(Ok),
+                        Err(e) => Some(Err(e)),
                     }
                 })
                 .await;
@@ -1140,17 +1133,15 @@ impl Session {
     /// to wake sleeping subscribers, then cost it no time.
     async fn publish(&mut self, mut m: Box<Message>) {
         let to = ReplyTo::of(&m);
-        let topic = check_name(m.destination.as_deref()).and_then(|name| self.inner.topic(name));
-        let topic = match topic {
-            Ok(_) if m.is_expired() => Err(BrokerError::new(
-                ResponseStatus::Expired,
-                "message expired before it was published",
-            )),
-            other => other,
-        };
-        let topic = match topic {
-            Ok(topic) => topic,
-            Err(e) => {
+        let topic = match check_name(m.destination.as_deref()).and_then(|n| self.inner.topic(n)) {
+            Ok(topic) if !m.is_expired() => topic,
+            refused => {
+                let e = refused.err().unwrap_or_else(|| {
+                    BrokerError::new(
+                        ResponseStatus::Expired,
+                        "message expired before it was published",
+                    )
+                });
                 self.shared.answer(&to, Err(e)).await;
                 return;
             }
