@@ -67,6 +67,11 @@ pub enum Error {
     /// A payload could not be built or read as asked.
     #[error(transparent)]
     Payload(#[from] PayloadError),
+    /// A blocking call's wait was cut short by its thread's interrupt check
+    /// (see [`crate::blocking::interruptible`]); what it waited for is
+    /// abandoned, as on a timeout.
+    #[error("interrupted while waiting")]
+    Interrupted,
     /// The blocking API was called where it cannot block (inside an async
     /// runtime), or its background runtime could not start.
     #[error("{0}")]

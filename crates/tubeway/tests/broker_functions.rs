@@ -36,6 +36,7 @@ crate::transport_tests! {
         with BrokerConfig::default().max_in_flight_per_connection(2),
     call_timeout_shorter_than_the_handler,
     blocking_call_gives_up_at_its_own_timeout,
+    blocking_waits_end_when_their_interrupt_check_says_so,
     function_status_counts_calls_and_errors,
     blocking_worker_serves_while_its_thread_waits,
     blocking_oneway_calls_are_flushed_when_the_client_drops,
@@ -865,6 +866,93 @@ async fn blocking_call_gives_up_at_its_own_timeout(h: &Harness) {
         assert!(took < Duration::from_secs(5), "{wait:?}: after {took:?}");
         assert_eq!(next.unwrap(), "next", "{wait:?}");
     }
+}
+
+thread_local! {
+    /// Looks of [`third_look`] on this thread.
+    static LOOKS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// An interrupt check that says to stop at its third look.
+fn third_look() -> bool {
+    LOOKS.with(|l| {
+        l.set(l.get() + 1);
+        l.get() >= 3
+    })
+}
+
+/// Inside `interruptible`, a call that waits (whether its thread sleeps on
+/// the connection or spins) and a poll of an empty queue end with
+/// `Interrupted` at the check's third look, long before their timeouts;
+/// the poll is withdrawn, so the next message waits for the next poll.
+async fn blocking_waits_end_when_their_interrupt_check_says_so(h: &Harness) {
+    echo(h);
+    answers_after(h, "stuck", Duration::from_secs(30));
+    let admin = h.client().await;
+    step(admin.create_queue("jobs", 10, tubeway::ops::QueueKind::Bounded))
+        .await
+        .unwrap();
+    let every = Duration::from_millis(20);
+    for wait in [None, Some(tubeway::WaitStrategy::BusySpin)] {
+        let (url, mut options) = (h.url.clone(), h.client_options());
+        if wait.is_some() {
+            options.wait = wait;
+        }
+        let (offered_tx, offered_rx) = std::sync::mpsc::channel::<()>();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let waiter = tokio::spawn(on_thread(move || {
+            let c = Client::connect_with(&url, options).unwrap();
+            let interrupted = |op: &dyn Fn() -> Result<(), Error>| {
+                LOOKS.with(|l| l.set(0));
+                let t0 = Instant::now();
+                let r = tubeway::blocking::interruptible(every, third_look, op);
+                (r, t0.elapsed(), LOOKS.with(std::cell::Cell::get))
+            };
+            let call = interrupted(&|| {
+                c.send_timeout("stuck", Message::plain_text("x"), Duration::from_secs(30))
+                    .map(drop)
+            });
+            let poll = interrupted(&|| c.poll("jobs", Duration::from_secs(30)).map(drop));
+            ready_tx.send(()).unwrap();
+            offered_rx.recv_timeout(common::TEST_TIMEOUT).unwrap();
+            let next = c.poll("jobs", common::STEP).unwrap().map(|m| text(&m));
+            let echo = c.send("echo", Message::plain_text("on")).map(|m| text(&m));
+            (call, poll, next, echo)
+        }));
+        step(ready_rx).await.unwrap();
+        step(admin.offer("jobs", Message::plain_text("job"), Duration::ZERO))
+            .await
+            .unwrap();
+        offered_tx.send(()).unwrap();
+        let (call, poll, next, echo) = step(waiter).await.unwrap();
+        for (what, (r, took, looks)) in [("call", call), ("poll", poll)] {
+            assert!(
+                matches!(r, Err(Error::Interrupted)),
+                "{wait:?} {what}: {r:?}"
+            );
+            assert_eq!(looks, 3, "{wait:?} {what}");
+            // Two whole intervals at least before the third look.
+            assert!(took >= 2 * every, "{wait:?} {what}: after {took:?}");
+            assert!(
+                took < Duration::from_secs(5),
+                "{wait:?} {what}: after {took:?}"
+            );
+        }
+        assert_eq!(next.as_deref(), Some("job"), "{wait:?}");
+        assert_eq!(echo.unwrap(), "on", "{wait:?}");
+    }
+    // A blocking client wrapping an async one waits on the process-wide
+    // runtime, and is cut short there too.
+    let wrapped = Client::from_async(h.client().await);
+    let (r, looks) = on_thread(move || {
+        let r = tubeway::blocking::interruptible(every, third_look, || {
+            wrapped.poll("jobs", Duration::from_secs(30))
+        });
+        (r, LOOKS.with(std::cell::Cell::get))
+    })
+    .await;
+    assert!(matches!(r, Err(Error::Interrupted)), "{r:?}");
+    assert_eq!(looks, 3);
 }
 
 async fn function_status_counts_calls_and_errors(h: &Harness) {

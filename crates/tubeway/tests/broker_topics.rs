@@ -19,6 +19,7 @@ crate::transport_tests! {
     embedded_subscriber_receives_remote_publishes,
     delivery_keeps_the_published_fields,
     blocking_client_subscribes,
+    a_handler_subscription_ends_after_the_handlers_last_call,
     embedded_subscriber_survives_a_panicking_handler,
 }
 
@@ -325,6 +326,71 @@ async fn blocking_client_subscribes(h: &Harness) {
     }
     assert_eq!(step(received).await.unwrap(), ["x", "y", "z"]);
     assert_eq!(step(c.topic_status("t")).await.unwrap().subscribers, 0);
+}
+
+/// A blocking subscription with a buffer of its own handed to a handler
+/// (`with_handler`): deliveries reach it in order, and `unsubscribe`
+/// returns only once a handler call in progress has returned.
+async fn a_handler_subscription_ends_after_the_handlers_last_call(h: &Harness) {
+    h.broker.create_topic("t").unwrap();
+    let (url, options) = (h.url.clone(), h.client_options());
+    let (log_tx, log_rx) = std::sync::mpsc::channel::<String>();
+    let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let (unsubscribing_tx, unsubscribing_rx) = tokio::sync::oneshot::channel();
+    let handler_log = log_tx.clone();
+    let gate = std::sync::Mutex::new(gate_rx);
+    let subscriber = tokio::spawn(on_thread(move || {
+        let c = Client::connect_with(&url, options).unwrap();
+        let handle = c
+            .subscribe_with_buffer("t", 3)
+            .unwrap()
+            .with_handler(move |m| {
+                let t = text(&m);
+                handler_log.send(t.clone()).unwrap();
+                if t == "slow" {
+                    let gate = gate.lock().unwrap();
+                    gate.recv_timeout(common::TEST_TIMEOUT).unwrap();
+                    handler_log.send("slow done".into()).unwrap();
+                }
+            })
+            .unwrap();
+        ready_tx.send(()).unwrap();
+        unsubscribing_rx.blocking_recv().unwrap();
+        handle.unsubscribe().unwrap();
+        log_tx.send("unsubscribed".into()).unwrap();
+    }));
+    step(ready_rx).await.unwrap();
+    let c = h.client().await;
+    for s in ["a", "slow"] {
+        step(c.publish("t", Message::plain_text(s))).await.unwrap();
+    }
+    let log = std::sync::Arc::new(std::sync::Mutex::new(log_rx));
+    let next =
+        |log: std::sync::Arc<std::sync::Mutex<std::sync::mpsc::Receiver<String>>>,
+         wait: Duration| { on_thread(move || log.lock().unwrap().recv_timeout(wait).ok()) };
+    assert_eq!(next(log.clone(), common::STEP).await.as_deref(), Some("a"));
+    assert_eq!(
+        next(log.clone(), common::STEP).await.as_deref(),
+        Some("slow")
+    );
+    unsubscribing_tx.send(()).unwrap();
+    eventually("the broker drops the subscriber", || async {
+        step(c.topic_status("t")).await.unwrap().subscribers == 0
+    })
+    .await;
+    // Confirmed by the broker, yet `unsubscribe` waits for the handler.
+    assert_eq!(next(log.clone(), Duration::from_millis(200)).await, None);
+    gate_tx.send(()).unwrap();
+    assert_eq!(
+        next(log.clone(), common::STEP).await.as_deref(),
+        Some("slow done")
+    );
+    assert_eq!(
+        next(log.clone(), common::STEP).await.as_deref(),
+        Some("unsubscribed")
+    );
+    step(subscriber).await.unwrap();
 }
 
 /// A panic in an embedded subscriber's handler must not end the

@@ -19,7 +19,10 @@
 //! a [`SubscriptionHandle`], a [`ResponseFuture`] not yet waited for), a
 //! background thread holds the reader instead.
 //!
-//! Every call is bounded by a timeout, as in [`AsyncClient`]. Calling from
+//! Every call is bounded by a timeout, as in [`AsyncClient`], and a wait
+//! can be cut short from outside: inside [`interruptible`], it asks a check
+//! of the caller's at a set interval (Ctrl-C, for a language binding).
+//! Calling from
 //! inside an async runtime fails with [`Error::Runtime`] instead of blocking
 //! one of its threads: use [`AsyncClient`] there. The synchronous handlers of
 //! [`Client::serve`] and [`Client::subscribe_with`] run on blocking threads
@@ -73,9 +76,13 @@ thread_local! {
     static HANDLER_THREAD: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Runs a synchronous handler so that it may use the blocking [`Client`]
-/// (a worker that calls another function, say).
-pub(crate) fn run_handler<R>(f: impl FnOnce() -> R) -> R {
+/// Runs `f`, which may use the blocking [`Client`] although this thread
+/// belongs to an async runtime: for code on a runtime's blocking pool
+/// ([`tokio::task::spawn_blocking`]), which may block, where the client
+/// cannot tell it from one of the runtime's workers, which must not. The
+/// synchronous handlers of [`Client::serve`] and [`Client::subscribe_with`]
+/// already run so.
+pub fn allow_blocking<R>(f: impl FnOnce() -> R) -> R {
     struct Reset(bool);
     impl Drop for Reset {
         fn drop(&mut self) {
@@ -89,6 +96,103 @@ pub(crate) fn run_handler<R>(f: impl FnOnce() -> R) -> R {
 /// Whether this thread may block.
 fn may_block() -> bool {
     Handle::try_current().is_err() || HANDLER_THREAD.with(Cell::get)
+}
+
+/// What the blocking waits of a thread inside [`interruptible`] ask.
+#[derive(Clone, Copy)]
+struct Interrupt {
+    every: Duration,
+    check: fn() -> bool,
+}
+
+thread_local! {
+    static INTERRUPT: Cell<Option<Interrupt>> = const { Cell::new(None) };
+}
+
+/// Runs `f`, in which every wait of a blocking client on this thread calls
+/// `check` at least once per `every` while it waits (never while the
+/// answer is there to take); once `check` returns true, the wait ends with
+/// [`Error::Interrupted`] and what it waited for is abandoned, as on a
+/// timeout (a `poll` is withdrawn at the broker). For a language binding
+/// whose Ctrl-C must reach a thread blocked in a call, or a program that
+/// stops its threads by a flag. Nests: the innermost check applies.
+///
+/// ```no_run
+/// # fn main() -> tubeway::Result<()> {
+/// use std::sync::atomic::{AtomicBool, Ordering};
+/// use std::time::Duration;
+///
+/// static STOP: AtomicBool = AtomicBool::new(false);
+/// let client = tubeway::Client::connect("tcp://127.0.0.1:7000")?;
+/// let got = tubeway::blocking::interruptible(
+///     Duration::from_millis(50),
+///     || STOP.load(Ordering::Relaxed),
+///     || client.poll("jobs", Duration::from_secs(3600)),
+/// );
+/// # Ok(())
+/// # }
+/// ```
+pub fn interruptible<R>(every: Duration, check: fn() -> bool, f: impl FnOnce() -> R) -> R {
+    struct Reset(Option<Interrupt>);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            INTERRUPT.with(|i| i.set(self.0));
+        }
+    }
+    let _reset = Reset(INTERRUPT.with(|i| i.replace(Some(Interrupt { every, check }))));
+    f()
+}
+
+/// Why a wait ended without what it waited for.
+enum Stop {
+    TimedOut,
+    Interrupted,
+}
+
+/// Waits by `step`, which gives up at the instant it is given (`None`:
+/// never), until it is done, `deadline` passes or this thread's interrupt
+/// check (see [`interruptible`]) says to stop. Without a check, one step.
+fn in_slices<T>(
+    deadline: Option<Instant>,
+    mut step: impl FnMut(Option<Instant>) -> Option<T>,
+) -> std::result::Result<T, Stop> {
+    let Some(interrupt) = INTERRUPT.with(Cell::get) else {
+        return step(deadline).ok_or(Stop::TimedOut);
+    };
+    loop {
+        let until = earliest(deadline, Instant::now().checked_add(interrupt.every));
+        if let Some(v) = step(until) {
+            return Ok(v);
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(Stop::TimedOut);
+        }
+        if (interrupt.check)() {
+            return Err(Stop::Interrupted);
+        }
+    }
+}
+
+/// The earlier of two instants, `None` being never.
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Ends a sleep of [`Driver::call`] at the next look of the thread's
+/// interrupt check, if it has one.
+fn next_look(deadline: Option<Instant>) -> Option<Instant> {
+    let look = INTERRUPT
+        .with(Cell::get)
+        .and_then(|i| Instant::now().checked_add(i.every));
+    earliest(deadline, look)
+}
+
+/// Whether the thread's interrupt check says to stop.
+fn interrupted() -> bool {
+    INTERRUPT.with(Cell::get).is_some_and(|i| (i.check)())
 }
 
 /// A client's own runtime: current-thread, driven by whoever waits on it.
@@ -226,16 +330,13 @@ impl Driver {
     }
 
     /// Runs `f` to completion on this thread, running the connection's
-    /// reader meanwhile whenever nobody else does.
-    fn block_on<F: Future>(&self, f: F) -> F::Output {
-        match self.block_on_within(f, None) {
-            Some(v) => v,
-            None => unreachable!("a wait without a timeout ended without its output"),
-        }
-    }
-
-    /// [`block_on`](Self::block_on), giving up once `timeout` has passed.
-    fn block_on_within<F: Future>(&self, f: F, timeout: Option<Duration>) -> Option<F::Output> {
+    /// reader meanwhile whenever nobody else does, giving up once `timeout`
+    /// (if any) has passed or the thread's interrupt check says so.
+    fn block_on_within<F: Future>(
+        &self,
+        f: F,
+        timeout: Option<Duration>,
+    ) -> std::result::Result<F::Output, Stop> {
         // A large future goes on the heap once, not copied again by every
         // layer below; a small one (a started call's) is not worth an
         // allocation.
@@ -246,16 +347,20 @@ impl Driver {
         }
     }
 
-    fn run<F: Future>(&self, mut f: Pin<&mut F>, timeout: Option<Duration>) -> Option<F::Output> {
+    fn run<F: Future>(
+        &self,
+        mut f: Pin<&mut F>,
+        timeout: Option<Duration>,
+    ) -> std::result::Result<F::Output, Stop> {
         if let Some(v) = self.spin_on(f.as_mut()) {
-            return Some(v);
+            return Ok(v);
         }
         // The clock is read only now, for a wait that outlasts the spin: the
         // timeout then runs late by that spin (at most one slice of it,
         // 200 µs), which the timer's resolution (1 ms) would hide anyway.
         // A timeout too long for the clock is as good as none.
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-        self.drive(f, deadline)
+        in_slices(deadline, |until| self.drive(f.as_mut(), until))
     }
 
     /// The common case without the runtime's machinery (entering its
@@ -339,9 +444,12 @@ impl Driver {
             // for a sleeping one, a second wait is for the rest of a large
             // answer or for the answer after another message.
             for _ in 0..2 {
-                if sleeps && (self.write_backlog() || !held.wait_readable(deadline)) {
+                if sleeps && (self.write_backlog() || !held.wait_readable(next_look(deadline))) {
                     if left().is_zero() {
                         return Err(Error::Timeout(timeout));
+                    }
+                    if interrupted() {
+                        return Err(Error::Interrupted);
                     }
                     break;
                 }
@@ -436,12 +544,15 @@ impl Driver {
                 () = free => {}
             }
         };
-        // Until stopped (then `held` puts the reader back for the callers)
-        // or the connection ends.
+        // Until stopped (then `held` puts the reader back for the callers),
+        // even once the connection has ended: the tasks it runs (a
+        // `send_async` call, a worker's handler) still have to learn that.
         std::future::poll_fn(|cx| {
-            if stop.as_mut().poll(cx).is_ready() || !held.poll(cx) {
+            if stop.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(());
             }
+            // Ended, it stays ended: pending on `stop` alone.
+            held.poll(cx);
             Poll::Pending
         })
         .await;
@@ -547,27 +658,42 @@ impl Exec {
         ))
     }
 
-    /// Runs `f` to completion, driving the connection from this thread.
+    /// Runs `f` to completion, driving the connection from this thread;
+    /// [`Error::Interrupted`] if the thread's interrupt check stops it.
     fn block_on<F: Future>(&self, f: F) -> Result<F::Output> {
-        self.check()?;
-        match self {
-            Exec::Own(d) => Ok(d.block_on(f)),
-            Exec::Shared => Ok(shared_runtime()?.handle().block_on(f)),
-        }
+        self.block_within(f, None)
     }
 
     /// [`block_on`](Self::block_on), failing with [`Error::Timeout`] once
     /// `timeout` has passed.
     fn block_on_timeout<F: Future>(&self, f: F, timeout: Duration) -> Result<F::Output> {
+        self.block_within(f, Some(timeout))
+    }
+
+    fn block_within<F: Future>(&self, f: F, timeout: Option<Duration>) -> Result<F::Output> {
         self.check()?;
-        let timed_out = Error::Timeout(timeout);
-        match self {
-            Exec::Own(d) => d.block_on_within(f, Some(timeout)).ok_or(timed_out),
-            Exec::Shared => shared_runtime()?
-                .handle()
-                .block_on(async { tokio::time::timeout(timeout, f).await })
-                .map_err(|_| timed_out),
-        }
+        let stopped = match self {
+            Exec::Own(d) => d.block_on_within(f, timeout),
+            Exec::Shared => {
+                let handle = shared_runtime()?.handle();
+                let mut f = std::pin::pin!(f);
+                let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+                in_slices(deadline, |until| {
+                    // The timer must be created on the runtime, hence the async block.
+                    handle.block_on(async {
+                        match until {
+                            Some(u) => tokio::time::timeout_at(u.into(), f.as_mut()).await.ok(),
+                            None => Some(f.as_mut().await),
+                        }
+                    })
+                })
+            }
+        };
+        stopped.map_err(|stop| match (stop, timeout) {
+            (Stop::TimedOut, Some(t)) => Error::Timeout(t),
+            // Only a wait with a timeout times out.
+            (Stop::TimedOut, None) | (Stop::Interrupted, _) => Error::Interrupted,
+        })
     }
 
     /// Runs `f` in the background.
@@ -987,6 +1113,32 @@ impl Subscription {
     /// Ends the subscription and waits for the broker to confirm.
     pub fn unsubscribe(self) -> Result<()> {
         self.exec.block_on(self.inner.unsubscribe())?
+    }
+
+    /// From now on, runs `handler` on each delivery (those already
+    /// buffered first), in order, on a background thread, as
+    /// [`Client::subscribe_with`] does; with
+    /// [`Client::subscribe_with_buffer`], a handler with a buffer size.
+    pub fn with_handler<F>(self, handler: F) -> Result<SubscriptionHandle>
+    where
+        F: Fn(Message) + Send + 'static,
+    {
+        let duty = self.exec.duty()?;
+        let inner = match &self.exec {
+            Exec::Own(d) => {
+                let _context = d.rt().enter();
+                self.inner.with_handler(handler)
+            }
+            Exec::Shared => {
+                let _context = shared_runtime()?.enter();
+                self.inner.with_handler(handler)
+            }
+        };
+        Ok(SubscriptionHandle {
+            inner,
+            exec: self.exec,
+            _duty: duty,
+        })
     }
 }
 

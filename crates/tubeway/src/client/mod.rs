@@ -560,8 +560,7 @@ impl AsyncClient {
     where
         F: Fn(Message) + Send + 'static,
     {
-        let sub = self.subscribe(topic).await?;
-        Ok(SubscriptionHandle::spawn(sub, handler))
+        Ok(self.subscribe(topic).await?.with_handler(handler))
     }
 
     async fn subscribe_inner(&self, topic: &str, buffer: Option<usize>) -> Result<Subscription> {

@@ -1,7 +1,8 @@
 //! Topic subscriptions.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::thread::ThreadId;
 
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -105,6 +106,17 @@ impl Subscription {
         &self.membership.topic
     }
 
+    /// From now on, runs `handler` on each delivery (those already
+    /// buffered first), in order, on a blocking-pool thread of the current
+    /// tokio runtime: see [`SubscriptionHandle`]. Like [`tokio::spawn`], it
+    /// panics outside a runtime.
+    pub fn with_handler<F>(self, handler: F) -> SubscriptionHandle
+    where
+        F: Fn(Message) + Send + 'static,
+    {
+        SubscriptionHandle::spawn(self, handler)
+    }
+
     /// Ends the subscription and waits for the broker to confirm.
     pub async fn unsubscribe(mut self) -> Result<()> {
         // Closing first frees a reader waiting on a full buffer, so it can
@@ -126,6 +138,8 @@ pub struct SubscriptionHandle {
     membership: Membership,
     stopped: Arc<AtomicBool>,
     task: JoinHandle<()>,
+    /// The thread the handler runs on, which must not wait for itself.
+    handler_thread: Arc<OnceLock<ThreadId>>,
 }
 
 impl SubscriptionHandle {
@@ -137,13 +151,17 @@ impl SubscriptionHandle {
         let stopped = Arc::new(AtomicBool::new(false));
         let stop = stopped.clone();
         let topic = membership.topic.clone();
+        let handler_thread = Arc::new(OnceLock::new());
+        let on_thread = handler_thread.clone();
         let task = tokio::task::spawn_blocking(move || {
+            let _ = on_thread.set(std::thread::current().id());
             while let Some(msg) = rx.blocking_recv() {
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
-                let run =
-                    std::panic::AssertUnwindSafe(|| super::blocking::run_handler(|| handler(msg)));
+                let run = std::panic::AssertUnwindSafe(|| {
+                    super::blocking::allow_blocking(|| handler(msg))
+                });
                 if std::panic::catch_unwind(run).is_err() {
                     tracing::warn!("subscription handler for topic {topic} panicked");
                 }
@@ -153,6 +171,7 @@ impl SubscriptionHandle {
             membership,
             stopped,
             task,
+            handler_thread,
         }
     }
 
@@ -171,10 +190,18 @@ impl SubscriptionHandle {
         self.task.is_finished()
     }
 
-    /// Ends the subscription and waits for the broker to confirm. Buffered
-    /// deliveries are discarded; a handler call in progress completes.
+    /// Ends the subscription and waits for the broker to confirm, then for
+    /// a handler call in progress to return: once this returns, the handler
+    /// runs no more (unless called from the handler itself, which cannot
+    /// wait for its own return). Buffered deliveries are discarded.
     pub async fn unsubscribe(mut self) -> Result<()> {
         self.stopped.store(true, Ordering::Relaxed);
-        self.membership.unsubscribe().await
+        let unsubscribed = self.membership.unsubscribe().await;
+        if self.handler_thread.get() != Some(&std::thread::current().id()) {
+            // The subscription's channel is closed now, so the handler's
+            // loop ends after the call in progress. A panic was logged.
+            let _ = (&mut self.task).await;
+        }
+        unsubscribed
     }
 }

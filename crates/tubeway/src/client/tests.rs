@@ -963,6 +963,22 @@ fn blocking_client() {
     assert!(client.is_closed());
 }
 
+/// A `send_async` awaited from async code (nobody blocking in the client)
+/// fails as soon as the connection ends: the client's background thread
+/// goes on running the call after its reader has seen the end.
+#[test]
+fn a_blocking_clients_response_future_fails_when_the_connection_ends() {
+    let (client, broker, served) = blocking_pair(ClientOptions::default(), |mut peer| async move {
+        let call = peer.recv().await;
+        assert_eq!(call.r#type, MessageType::Request);
+        // Hangs up without an answer.
+    });
+    let pending = client.send_async("stuck", Message::plain_text("x"));
+    broker.block_on(within(served)).unwrap();
+    let got = broker.block_on(within(pending));
+    assert!(matches!(got, Err(Error::ConnectionClosed(_))), "{got:?}");
+}
+
 #[test]
 fn clients_are_send_sync_clone() {
     fn check<T: Send + Sync + Clone>() {}

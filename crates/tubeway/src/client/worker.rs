@@ -95,7 +95,7 @@ where
     Arc::new(move |msg| {
         let handler = handler.clone();
         let run =
-            tokio::task::spawn_blocking(move || super::blocking::run_handler(|| handler(msg)));
+            tokio::task::spawn_blocking(move || super::blocking::allow_blocking(|| handler(msg)));
         Box::pin(async move {
             run.await.map_err(|e| {
                 if e.is_panic() {
