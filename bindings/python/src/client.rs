@@ -1,15 +1,21 @@
 //! `tubeway.Client`: every client operation, blocking with the GIL released.
+//!
+//! Built on the blocking Rust client: the Python thread that calls drives
+//! the connection itself, GIL released (it writes the request, waits for
+//! the answer on the connection, reads it and returns), so a call costs no
+//! hand-off between threads. While a worker, a subscription's callback or
+//! a `send_async` future needs serving with nobody calling, a thread of
+//! the client's own reads instead.
 
-use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use pyo3::prelude::*;
 use tubeway::ops::QueueKind;
-use tubeway::{AsyncClient, ClientOptions, Message};
+use tubeway::{Client, ClientOptions, Message};
 
 use crate::message::{to_message, PyMessage};
-use crate::runtime::{seconds, wait};
+use crate::runtime::{blocking, drop_detached, seconds, wait_strategy};
 use crate::subscription::{PySubscription, PyWorker};
 use crate::{errors, handler, json, pyfuture};
 
@@ -17,7 +23,7 @@ use crate::{errors, handler, json, pyfuture};
 #[pyclass(name = "Client", module = "tubeway", frozen)]
 #[derive(Debug)]
 pub struct PyClient {
-    inner: Mutex<Option<AsyncClient>>,
+    inner: Mutex<Option<Client>>,
     timeout: Duration,
 }
 
@@ -33,7 +39,7 @@ pub fn queue_kind(kind: &str) -> PyResult<QueueKind> {
 }
 
 impl PyClient {
-    fn client(&self) -> PyResult<AsyncClient> {
+    fn client(&self) -> PyResult<Client> {
         self.inner
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -41,15 +47,14 @@ impl PyClient {
             .ok_or_else(|| errors::closed("client"))
     }
 
-    /// Runs one operation on the client, blocking with the GIL released.
-    fn run<T, F, Fut>(&self, py: Python<'_>, op: F) -> PyResult<T>
+    /// Runs one operation on the client from this thread, GIL released.
+    fn run<T, F>(&self, py: Python<'_>, op: F) -> PyResult<T>
     where
-        F: FnOnce(AsyncClient) -> Fut,
-        Fut: Future<Output = tubeway::Result<T>> + Send,
+        F: FnOnce(&Client) -> tubeway::Result<T> + Send,
         T: Send,
     {
         let client = self.client()?;
-        wait(py, op(client))?.map_err(errors::to_py)
+        blocking(py, || op(&client))
     }
 
     fn timeout_or_default(&self, timeout: Option<f64>) -> PyResult<Duration> {
@@ -57,12 +62,28 @@ impl PyClient {
     }
 }
 
+impl Drop for PyClient {
+    fn drop(&mut self) {
+        let client = self
+            .inner
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(client) = client {
+            drop_detached(client);
+        }
+    }
+}
+
 #[pymethods]
 impl PyClient {
-    /// Connects to the broker at `url` (`tcp://host:port`, `unix:///path`).
-    /// `timeout` is the default for every call, in seconds.
+    /// Connects to the broker at `url` (`tcp://host:port`, `unix:///path`,
+    /// `shm://name`). `timeout` is the default for every call, in seconds.
+    /// `wait` is how a call waits for its answer: `default` (the
+    /// transport's: on shm poll briefly, then sleep; on sockets sleep at
+    /// once), `park`, or `spin-park:DURATION` (poll that long, then sleep).
     #[new]
-    #[pyo3(signature = (url, timeout=30.0, *, connect_timeout=5.0, max_message_size=None, name=None))]
+    #[pyo3(signature = (url, timeout=30.0, *, connect_timeout=5.0, max_message_size=None, name=None, wait="default"))]
     fn new(
         py: Python<'_>,
         url: String,
@@ -70,10 +91,18 @@ impl PyClient {
         connect_timeout: f64,
         max_message_size: Option<usize>,
         name: Option<String>,
+        wait: &str,
     ) -> PyResult<Self> {
+        let parsed: tubeway::Url = url.parse().map_err(|e: tubeway_transport::UrlError| {
+            pyo3::exceptions::PyValueError::new_err(e.to_string())
+        })?;
         let mut options = ClientOptions {
             timeout: seconds(Some(timeout))?.unwrap_or_default(),
             connect_timeout: seconds(Some(connect_timeout))?.unwrap_or_default(),
+            // The transport's own, unless asked.
+            wait: (wait != "default")
+                .then(|| wait_strategy(wait, &parsed))
+                .transpose()?,
             ..ClientOptions::default()
         };
         if let Some(max) = max_message_size {
@@ -82,7 +111,7 @@ impl PyClient {
         options.name =
             name.unwrap_or_else(|| format!("tubeway-python/{}", env!("CARGO_PKG_VERSION")));
         let timeout = options.timeout;
-        let client = wait(py, AsyncClient::connect_with(&url, options))?.map_err(errors::to_py)?;
+        let client = blocking(py, || Client::connect_with(&url, options))?;
         Ok(PyClient {
             inner: Mutex::new(Some(client)),
             timeout,
@@ -108,7 +137,7 @@ impl PyClient {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
-            .is_none_or(AsyncClient::is_closed)
+            .is_none_or(Client::is_closed)
     }
 
     /// Closes the connection: calls in flight fail with ConnectionClosed;
@@ -120,7 +149,8 @@ impl PyClient {
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         if let Some(client) = client {
-            wait(py, async move { client.close().await })?;
+            // Dropped without the GIL too: the last handle flushes.
+            blocking(py, move || client.close())?;
         }
         Ok(())
     }
@@ -146,10 +176,8 @@ impl PyClient {
     ) -> PyResult<PyMessage> {
         let msg = to_message(message)?;
         let timeout = self.timeout_or_default(timeout)?;
-        self.run(py, |c| async move {
-            c.send_timeout(&function, msg, timeout).await
-        })
-        .map(PyMessage::new)
+        self.run(py, |c| c.send_timeout(&function, msg, timeout))
+            .map(PyMessage::new)
     }
 
     /// Calls `function` without waiting: returns a concurrent.futures.Future
@@ -162,11 +190,12 @@ impl PyClient {
         message: &Bound<'_, PyAny>,
         timeout: Option<f64>,
     ) -> PyResult<Py<PyAny>> {
-        let msg = to_message(message)?;
-        let timeout = self.timeout_or_default(timeout)?;
-        let client = self.client()?;
+        let mut msg = to_message(message)?;
+        msg.timeout = Some(self.timeout_or_default(timeout)?);
+        // Started here; a thread of the client's reads its answer.
+        let call = self.client()?.send_async(&function, msg);
         pyfuture::spawn(py, async move {
-            let reply = client.send_timeout(&function, msg, timeout).await;
+            let reply = call.await;
             move |py: Python<'_>| -> PyResult<Py<PyAny>> {
                 let reply = reply.map_err(errors::to_py)?;
                 Ok(Py::new(py, PyMessage::new(reply))?.into_any())
@@ -182,7 +211,7 @@ impl PyClient {
         message: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let msg = to_message(message)?;
-        self.run(py, |c| async move { c.send_oneway(&function, msg).await })
+        self.run(py, |c| c.send_oneway(&function, msg))
     }
 
     /// Serves `function` from this process: `handler(message)` runs for each
@@ -190,18 +219,17 @@ impl PyClient {
     /// it raises is a handler_error for the caller.
     fn serve(&self, py: Python<'_>, function: String, handler: Py<PyAny>) -> PyResult<PyWorker> {
         let handler = Arc::new(handler);
-        let worker = self.run(py, |c| async move {
+        let worker = self.run(py, |c| {
             c.serve(&function, move |m: Message| {
                 handler::call_function(&handler, m)
             })
-            .await
         })?;
         Ok(PyWorker::new(worker))
     }
 
     /// Removes a function (every worker's registration, or a broker's local handler).
     fn remove_function(&self, py: Python<'_>, function: String) -> PyResult<()> {
-        self.run(py, |c| async move { c.remove_function(&function).await })
+        self.run(py, |c| c.remove_function(&function))
     }
 
     /// The status of a function, as a dict.
@@ -210,13 +238,13 @@ impl PyClient {
         py: Python<'py>,
         function: String,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let status = self.run(py, |c| async move { c.function_status(&function).await })?;
+        let status = self.run(py, |c| c.function_status(&function))?;
         json::to_py(py, &status)
     }
 
     /// Every function's status.
     fn list_functions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let list = self.run(py, |c| async move { c.list_functions().await })?;
+        let list = self.run(py, Client::list_functions)?;
         json::to_py(py, &list)
     }
 
@@ -232,7 +260,7 @@ impl PyClient {
     ) -> PyResult<()> {
         let msg = to_message(message)?;
         let timeout = seconds(Some(timeout))?.unwrap_or_default();
-        self.run(py, |c| async move { c.offer(&queue, msg, timeout).await })
+        self.run(py, |c| c.offer(&queue, msg, timeout))
     }
 
     /// Takes the next message from `queue`, waiting up to `timeout` seconds;
@@ -240,7 +268,7 @@ impl PyClient {
     #[pyo3(signature = (queue, timeout=0.0))]
     fn poll(&self, py: Python<'_>, queue: String, timeout: f64) -> PyResult<PyMessage> {
         let timeout = seconds(Some(timeout))?.unwrap_or_default();
-        let got = self.run(py, |c| async move { c.poll(&queue, timeout).await })?;
+        let got = self.run(py, |c| c.poll(&queue, timeout))?;
         got.map(PyMessage::new).ok_or_else(|| {
             errors::status_error(tubeway::ResponseStatus::QueueEmpty, "no message in time")
         })
@@ -256,9 +284,7 @@ impl PyClient {
         kind: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let kind = queue_kind(kind)?;
-        let status = self.run(py, |c| async move {
-            c.create_queue(&name, capacity, kind).await
-        })?;
+        let status = self.run(py, |c| c.create_queue(&name, capacity, kind))?;
         json::to_py(py, &status)
     }
 
@@ -272,61 +298,59 @@ impl PyClient {
         kind: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let kind = queue_kind(kind)?;
-        let status = self.run(py, |c| async move {
-            c.create_temporary_queue(capacity, kind).await
-        })?;
+        let status = self.run(py, |c| c.create_temporary_queue(capacity, kind))?;
         json::to_py(py, &status)
     }
 
     /// Removes a queue.
     fn remove_queue(&self, py: Python<'_>, name: String) -> PyResult<()> {
-        self.run(py, |c| async move { c.remove_queue(&name).await })
+        self.run(py, |c| c.remove_queue(&name))
     }
 
     /// Whether a queue exists.
     fn exists_queue(&self, py: Python<'_>, name: String) -> PyResult<bool> {
-        self.run(py, |c| async move { c.exists_queue(&name).await })
+        self.run(py, |c| c.exists_queue(&name))
     }
 
     /// The status of a queue, as a dict.
     fn queue_status<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
-        let status = self.run(py, |c| async move { c.queue_status(&name).await })?;
+        let status = self.run(py, |c| c.queue_status(&name))?;
         json::to_py(py, &status)
     }
 
     /// Every queue's status.
     fn list_queues<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let list = self.run(py, |c| async move { c.list_queues().await })?;
+        let list = self.run(py, Client::list_queues)?;
         json::to_py(py, &list)
     }
 
     /// Creates a topic (idempotent); returns its status.
     fn create_topic<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
-        let status = self.run(py, |c| async move { c.create_topic(&name).await })?;
+        let status = self.run(py, |c| c.create_topic(&name))?;
         json::to_py(py, &status)
     }
 
     /// Removes a topic; its subscriptions end.
     fn remove_topic(&self, py: Python<'_>, name: String) -> PyResult<()> {
-        self.run(py, |c| async move { c.remove_topic(&name).await })
+        self.run(py, |c| c.remove_topic(&name))
     }
 
     /// The status of a topic, as a dict.
     fn topic_status<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
-        let status = self.run(py, |c| async move { c.topic_status(&name).await })?;
+        let status = self.run(py, |c| c.topic_status(&name))?;
         json::to_py(py, &status)
     }
 
     /// Every topic's status.
     fn list_topics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let list = self.run(py, |c| async move { c.list_topics().await })?;
+        let list = self.run(py, Client::list_topics)?;
         json::to_py(py, &list)
     }
 
     /// Publishes `message` to `topic` and waits for the broker to accept it.
     fn publish(&self, py: Python<'_>, topic: String, message: &Bound<'_, PyAny>) -> PyResult<()> {
         let msg = to_message(message)?;
-        self.run(py, |c| async move { c.publish(&topic, msg).await })
+        self.run(py, |c| c.publish(&topic, msg))
     }
 
     /// Publishes without waiting for the broker.
@@ -337,7 +361,7 @@ impl PyClient {
         message: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let msg = to_message(message)?;
-        self.run(py, |c| async move { c.publish_oneway(&topic, msg).await })
+        self.run(py, |c| c.publish_oneway(&topic, msg))
     }
 
     /// Subscribes to `topic`. With `callback`, it runs for each delivery, in
@@ -351,16 +375,16 @@ impl PyClient {
         callback: Option<Py<PyAny>>,
         buffer: Option<usize>,
     ) -> PyResult<PySubscription> {
-        let sub = self.run(py, |c| async move {
-            match buffer {
-                Some(n) => c.subscribe_with_buffer(&topic, n).await,
-                None => c.subscribe(&topic).await,
-            }
-        })?;
-        match callback {
-            Some(callback) => PySubscription::with_callback(sub, callback),
-            None => Ok(PySubscription::pull(sub)),
-        }
+        self.run(py, |c| {
+            let sub = match buffer {
+                Some(n) => c.subscribe_with_buffer(&topic, n)?,
+                None => c.subscribe(&topic)?,
+            };
+            Ok(match callback {
+                Some(callback) => PySubscription::with_callback(sub, callback)?,
+                None => PySubscription::pull(sub),
+            })
+        })
     }
 
     /// Ends `subscription` (the same as `subscription.unsubscribe()`).
@@ -370,14 +394,13 @@ impl PyClient {
 
     /// Broker statistics, as a dict.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let stats = self.run(py, |c| async move { c.stats().await })?;
+        let stats = self.run(py, Client::stats)?;
         json::to_py(py, &stats)
     }
 
     /// One round trip to the broker, in seconds.
     fn ping(&self, py: Python<'_>) -> PyResult<f64> {
-        self.run(py, |c| async move { c.ping().await })
-            .map(|d| d.as_secs_f64())
+        self.run(py, Client::ping).map(|d| d.as_secs_f64())
     }
 
     fn __repr__(&self) -> String {

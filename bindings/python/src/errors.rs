@@ -172,6 +172,8 @@ pub fn to_py(e: tubeway::Error) -> PyErr {
         }
         E::InvalidUrl(_) => pyo3::exceptions::PyValueError::new_err(e.to_string()),
         E::Payload(_) | E::Encode(_) => with_status(BadRequest::new_err(e.to_string()), None),
+        // The wait of a blocking call was cut short by a signal (Ctrl-C).
+        E::Interrupted => pyo3::exceptions::PyKeyboardInterrupt::new_err(()),
         other => with_status(Error::new_err(other.to_string()), None),
     }
 }

@@ -56,7 +56,10 @@ pub async fn off_io_thread(
     handler: std::sync::Arc<Py<PyAny>>,
     msg: Message,
 ) -> Result<Message, HandlerError> {
-    tokio::task::spawn_blocking(move || call_function(&handler, msg))
-        .await
-        .map_err(|e| HandlerError::from(format!("handler failed: {e}")))?
+    // Where Python code may use the blocking client (`tubeway.Client`).
+    tokio::task::spawn_blocking(move || {
+        tubeway::blocking::allow_blocking(|| call_function(&handler, msg))
+    })
+    .await
+    .map_err(|e| HandlerError::from(format!("handler failed: {e}")))?
 }

@@ -1,13 +1,16 @@
-//! The runtime that runs every client and queue of the process, and the one
-//! way Python threads wait on it: with the GIL released, waking every
-//! [`SIGNAL_CHECK`] to let Ctrl-C interrupt the wait.
+//! How Python threads wait: with the GIL released, waking every
+//! [`SIGNAL_CHECK`] to let Ctrl-C interrupt the wait, either in a call of
+//! the blocking client ([`blocking`]) or on the process-wide runtime that
+//! runs the embedded servers and the futures of `send_async` ([`wait`]).
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use pyo3::prelude::*;
 use tokio::runtime::{Builder, Runtime};
+use tubeway::{Url, WaitStrategy};
 
 use crate::errors::Error;
 
@@ -17,9 +20,20 @@ const SIGNAL_CHECK: Duration = Duration::from_millis(50);
 
 struct Shared {
     runtime: Runtime,
-    /// The process that started the runtime: a forked child has none of its
-    /// threads and must not use it.
-    pid: u32,
+}
+
+/// The process that first used tubeway: a forked child has none of its
+/// threads and must not use what its parent made.
+fn check_fork() -> PyResult<()> {
+    static FIRST_USE: OnceLock<u32> = OnceLock::new();
+    if *FIRST_USE.get_or_init(std::process::id) == std::process::id() {
+        return Ok(());
+    }
+    Err(Error::new_err(
+        "tubeway was used before this process was forked; a forked child must not use it: \
+         start child processes with the 'spawn' or 'forkserver' method, or fork before \
+         the first use of tubeway",
+    ))
 }
 
 fn shared() -> PyResult<&'static Shared> {
@@ -31,10 +45,7 @@ fn shared() -> PyResult<&'static Shared> {
                 .thread_name("tubeway-py-io")
                 .enable_all()
                 .build()
-                .map(|runtime| Shared {
-                    runtime,
-                    pid: std::process::id(),
-                })
+                .map(|runtime| Shared { runtime })
                 .map_err(|e| e.to_string())
         })
         .as_ref()
@@ -43,15 +54,55 @@ fn shared() -> PyResult<&'static Shared> {
 
 /// The process-wide runtime; an error in a child forked after it started.
 pub fn runtime() -> PyResult<&'static Runtime> {
-    let shared = shared()?;
-    if shared.pid != std::process::id() {
-        return Err(Error::new_err(
-            "tubeway was used before this process was forked; a forked child must not use it: \
-             start child processes with the 'spawn' or 'forkserver' method, or fork before \
-             the first use of tubeway",
-        ));
+    check_fork()?;
+    Ok(&shared()?.runtime)
+}
+
+thread_local! {
+    /// The exception a signal handler raised during a blocking call of this
+    /// thread's, kept for the call to raise (see [`blocking`]).
+    static RAISED: RefCell<Option<PyErr>> = const { RefCell::new(None) };
+}
+
+/// The interrupt check of [`blocking`]: runs pending signal handlers.
+fn signal_raised() -> bool {
+    Python::attach(|py| match py.check_signals() {
+        Ok(()) => false,
+        Err(e) => {
+            RAISED.with(|r| *r.borrow_mut() = Some(e));
+            true
+        }
+    })
+}
+
+/// Runs `op`, a call of the blocking client, with the GIL released: the
+/// calling thread drives the client's connection itself (no hand-off to
+/// an I/O thread). Every [`SIGNAL_CHECK`] of waiting, it runs pending
+/// signal handlers; one that raises (Ctrl-C's `KeyboardInterrupt`) ends the
+/// wait, abandoning the operation as a timeout would, and the call raises it.
+pub fn blocking<T, F>(py: Python<'_>, op: F) -> PyResult<T>
+where
+    F: FnOnce() -> tubeway::Result<T> + Send,
+    T: Send,
+{
+    check_fork()?;
+    match py.detach(|| tubeway::blocking::interruptible(SIGNAL_CHECK, signal_raised, op)) {
+        Ok(v) => Ok(v),
+        Err(tubeway::Error::Interrupted) => Err(RAISED
+            .with(|r| r.borrow_mut().take())
+            .unwrap_or_else(|| pyo3::exceptions::PyKeyboardInterrupt::new_err(()))),
+        Err(e) => Err(crate::errors::to_py(e)),
     }
-    Ok(&shared.runtime)
+}
+
+/// Drops `value` on a thread of its own: what the Rust side must finish
+/// when its last handle goes (flushing a connection) then waits without
+/// the GIL, which a Python object's finalizer holds.
+pub fn drop_detached<T: Send + 'static>(value: T) {
+    // Should no thread start, the closure, and `value` in it, drop here.
+    let _ = std::thread::Builder::new()
+        .name("tubeway-drop".into())
+        .spawn(move || drop(value));
 }
 
 /// Runs `fut` to completion with the GIL released. A pending signal handler
@@ -96,4 +147,30 @@ pub fn seconds(timeout: Option<f64>) -> PyResult<Option<Duration>> {
             })
         })
         .transpose()
+}
+
+/// A wait strategy (`park`, `spin-park:50us`): only strategies that end up
+/// sleeping, so that nothing spins a core for as long as a wait lasts.
+/// `default` is the transport's own: on shared memory a spin about as long
+/// as a wake-up costs, then sleep; on sockets, sleep at once.
+pub fn wait_strategy(wait: &str, url: &Url) -> PyResult<WaitStrategy> {
+    if wait == "default" {
+        return Ok(match url {
+            Url::Shm { .. } => WaitStrategy::SpinPark {
+                spin: tubeway_transport::DEFAULT_SPIN,
+            },
+            _ => WaitStrategy::PARK,
+        });
+    }
+    let strategy: WaitStrategy =
+        wait.parse()
+            .map_err(|e: tubeway_transport::WaitStrategyError| {
+                pyo3::exceptions::PyValueError::new_err(e.to_string())
+            })?;
+    match (strategy.parks(), strategy.spin()) {
+        (true, Some(_)) => Ok(strategy),
+        _ => Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "wait strategy {wait:?} never sleeps; use 'default', 'park' or 'spin-park:DURATION'"
+        ))),
+    }
 }

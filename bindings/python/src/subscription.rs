@@ -1,46 +1,28 @@
 //! Subscriptions and served functions, as Python objects that end them.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use pyo3::prelude::*;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
-use tubeway::{Message, Subscription, Worker};
+use tubeway::blocking::{Subscription, SubscriptionHandle, Worker};
 
 use crate::message::PyMessage;
-use crate::runtime::{seconds, wait};
+use crate::runtime::{blocking, drop_detached, seconds};
 use crate::{errors, handler};
 
 #[derive(Debug)]
 enum Kind {
     Pull(Subscription),
-    Callback {
-        stop: oneshot::Sender<()>,
-        task: JoinHandle<tubeway::Result<()>>,
-    },
+    /// Deliveries go to the callback on a thread of the client's, one at a
+    /// time and in order; unsubscribing waits for a call in progress.
+    Callback(SubscriptionHandle),
 }
 
-/// Feeds each delivery to `callback` on a blocking-pool thread, one at a
-/// time and in order, until stopped; then unsubscribes. A delivery being
-/// handled when the stop comes is finished first.
-async fn pump(
-    mut sub: Subscription,
-    callback: Py<PyAny>,
-    mut stop: oneshot::Receiver<()>,
-) -> tubeway::Result<()> {
-    let callback = std::sync::Arc::new(callback);
-    loop {
-        let msg: Message = tokio::select! {
-            _ = &mut stop => break,
-            next = sub.recv() => match next {
-                Some(msg) => msg,
-                None => return Ok(()),
-            },
-        };
-        let callback = callback.clone();
-        let _ = tokio::task::spawn_blocking(move || handler::call_subscriber(&callback, msg)).await;
+/// Ending something the closing of the connection has ended already is no error.
+fn ended(r: tubeway::Result<()>) -> tubeway::Result<()> {
+    match r {
+        Err(tubeway::Error::ConnectionClosed(_)) => Ok(()),
+        r => r,
     }
-    sub.unsubscribe().await
 }
 
 /// A subscription to a topic. Use it as a context manager, or call
@@ -64,15 +46,15 @@ impl PySubscription {
     }
 
     /// A subscription whose deliveries go to `callback`.
-    pub fn with_callback(sub: Subscription, callback: Py<PyAny>) -> PyResult<Self> {
+    pub fn with_callback(sub: Subscription, callback: Py<PyAny>) -> tubeway::Result<Self> {
         let topic = sub.topic().to_owned();
         let id = sub.id().to_string();
-        let (stop, stopped) = oneshot::channel();
-        let task = crate::runtime::spawn(pump(sub, callback, stopped))?;
+        let callback = Arc::new(callback);
+        let handle = sub.with_handler(move |m| handler::call_subscriber(&callback, m))?;
         Ok(PySubscription {
             topic,
             id,
-            inner: Mutex::new(Some(Kind::Callback { stop, task })),
+            inner: Mutex::new(Some(Kind::Callback(handle))),
         })
     }
 
@@ -85,6 +67,14 @@ impl PySubscription {
 
     fn put_back(&self, kind: Kind) {
         *self.inner.lock().unwrap_or_else(PoisonError::into_inner) = Some(kind);
+    }
+}
+
+impl Drop for PySubscription {
+    fn drop(&mut self) {
+        if let Some(kind) = self.take() {
+            drop_detached(kind);
+        }
     }
 }
 
@@ -122,16 +112,13 @@ impl PySubscription {
                 ))
             }
         };
-        let got = wait(py, async {
-            match timeout {
-                Some(t) => tokio::time::timeout(t, sub.recv()).await.ok(),
-                None => Some(sub.recv().await),
-            }
+        let got = blocking(py, || match timeout {
+            Some(t) => sub.recv_timeout(t),
+            None => sub.recv().map(Some),
         });
         self.put_back(Kind::Pull(sub));
         match got? {
-            Some(Some(msg)) => Ok(PyMessage::new(msg)),
-            Some(None) => Err(errors::to_py(tubeway::Error::SubscriptionEnded)),
+            Some(msg) => Ok(PyMessage::new(msg)),
             None => Err(errors::Timeout::new_err("no delivery in time")),
         }
     }
@@ -151,22 +138,10 @@ impl PySubscription {
     /// Ends the subscription and waits for the broker to confirm. Harmless
     /// when already ended.
     pub fn unsubscribe(&self, py: Python<'_>) -> PyResult<()> {
-        let result = match self.take() {
-            Some(Kind::Pull(sub)) => wait(py, sub.unsubscribe())?,
-            Some(Kind::Callback { stop, task }) => {
-                let _ = stop.send(());
-                match wait(py, task)? {
-                    Ok(result) => result,
-                    Err(e) => Err(tubeway::Error::Runtime(format!(
-                        "subscriber task failed: {e}"
-                    ))),
-                }
-            }
-            None => return Ok(()),
-        };
-        match result {
-            Ok(()) | Err(tubeway::Error::ConnectionClosed(_)) => Ok(()),
-            Err(e) => Err(errors::to_py(e)),
+        match self.take() {
+            Some(Kind::Pull(sub)) => blocking(py, || ended(sub.unsubscribe())),
+            Some(Kind::Callback(handle)) => blocking(py, || ended(handle.unsubscribe())),
+            None => Ok(()),
         }
     }
 
@@ -207,6 +182,19 @@ impl PyWorker {
     }
 }
 
+impl Drop for PyWorker {
+    fn drop(&mut self) {
+        let worker = self
+            .inner
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(worker) = worker {
+            drop_detached(worker);
+        }
+    }
+}
+
 #[pymethods]
 impl PyWorker {
     /// The function served.
@@ -223,10 +211,7 @@ impl PyWorker {
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         match worker {
-            Some(w) => match wait(py, w.stop())? {
-                Ok(()) | Err(tubeway::Error::ConnectionClosed(_)) => Ok(()),
-                Err(e) => Err(errors::to_py(e)),
-            },
+            Some(w) => blocking(py, || ended(w.stop())),
             None => Ok(()),
         }
     }

@@ -259,6 +259,17 @@ def test_closed_client_raises(server: tubeway.Server) -> None:
         c.stats()
 
 
+def test_wait_strategies(server: tubeway.Server) -> None:
+    server.create_function("echo", echo)
+    for wait in ("default", "park", "spin-park:20us"):
+        with tubeway.Client(server.url, wait=wait) as c:
+            assert c.send("echo", wait).text == wait
+    # Nothing that never sleeps: a wait must not hold a core for its length.
+    for wait in ("busy-spin", "spin-yield", "sometimes"):
+        with pytest.raises(ValueError):
+            tubeway.Client(server.url, wait=wait)
+
+
 def test_connect_failure() -> None:
     with pytest.raises(tubeway.ConnectError):
         tubeway.Client("tcp://127.0.0.1:1", connect_timeout=2.0)

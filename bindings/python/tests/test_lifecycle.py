@@ -34,6 +34,28 @@ def test_ctrl_c_interrupts_a_blocking_poll(client: tubeway.Client) -> None:
     assert client.poll("q2").text == "x"
 
 
+def test_ctrl_c_interrupts_a_blocking_send(server: tubeway.Server, client: tubeway.Client) -> None:
+    release = threading.Event()
+
+    def late(m: tubeway.Message) -> str:
+        release.wait(30)
+        return "late"
+
+    server.create_function("late", late)
+    server.create_function("echo", lambda m: m.text)
+    try:
+        start = time.monotonic()
+        t = interrupt_soon()
+        with pytest.raises(KeyboardInterrupt):
+            client.send("late", "x", timeout=60)
+        t.join()
+        assert time.monotonic() - start < 10
+    finally:
+        release.set()
+    # The late answer, when it comes, is dropped; the client goes on.
+    assert client.send("echo", "still here").text == "still here"
+
+
 def test_ctrl_c_interrupts_queue_get_and_recv(client: tubeway.Client) -> None:
     with tubeway.queue("tcp://127.0.0.1:0", "server") as q:
         t = interrupt_soon()

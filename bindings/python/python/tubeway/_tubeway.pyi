@@ -174,7 +174,11 @@ class Client:
     """A connection to a Tubeway broker, shared by any number of threads.
 
     Timeouts are float seconds; ``timeout`` is the default of every call.
-    Every blocking call releases the GIL and can be interrupted with Ctrl-C.
+    Every blocking call releases the GIL, drives the connection from the
+    calling thread, and can be interrupted with Ctrl-C. ``wait`` is how a
+    call waits for its answer: ``"default"`` (the transport's: on shm poll
+    briefly, then sleep; on sockets sleep at once), ``"park"`` or
+    ``"spin-park:DURATION"`` (poll that long, then sleep).
     """
 
     def __init__(
@@ -185,6 +189,7 @@ class Client:
         connect_timeout: float = 5.0,
         max_message_size: Optional[int] = None,
         name: Optional[str] = None,
+        wait: str = "default",
     ) -> None: ...
     @property
     def url(self) -> str: ...

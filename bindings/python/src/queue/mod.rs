@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 use tubeway_transport::{connect, Listener, Url, WaitStrategy};
 
 use crate::message::COPY_BELOW;
-use crate::runtime::{seconds, wait};
+use crate::runtime::{seconds, wait, wait_strategy};
 use crate::{buffer, errors, gil_jobs, pyfuture};
 use driver::{within, Driver, Duties, Farewell};
 use peer::{Event, Peer};
@@ -148,32 +148,6 @@ pub struct PyEndpoint {
     server: bool,
     /// How `get` waits: `park`, or polling first (latency mode).
     wait: WaitStrategy,
-}
-
-/// A wait strategy (`park`, `spin-park:50us`): only strategies that end up
-/// sleeping, so that nothing spins a core for as long as a wait lasts.
-/// `default` is the transport's own: on shared memory a spin about as long
-/// as a wake-up costs, then sleep; on sockets, sleep at once.
-fn wait_strategy(wait: &str, url: &Url) -> PyResult<WaitStrategy> {
-    if wait == "default" {
-        return Ok(match url {
-            Url::Shm { .. } => WaitStrategy::SpinPark {
-                spin: tubeway_transport::DEFAULT_SPIN,
-            },
-            _ => WaitStrategy::PARK,
-        });
-    }
-    let strategy: WaitStrategy =
-        wait.parse()
-            .map_err(|e: tubeway_transport::WaitStrategyError| {
-                pyo3::exceptions::PyValueError::new_err(e.to_string())
-            })?;
-    match (strategy.parks(), strategy.spin()) {
-        (true, Some(_)) => Ok(strategy),
-        _ => Err(pyo3::exceptions::PyValueError::new_err(format!(
-            "wait strategy {wait:?} never sleeps; a queue takes 'default', 'park' or 'spin-park:DURATION'"
-        ))),
-    }
 }
 
 /// A resolved future, shared by every `put` whose data was copied.
