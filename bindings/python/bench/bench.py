@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""Benchmarks of tubeway.queue against plain Python sockets, in one run.
+"""Benchmarks of tubeway.queue and tubeway.Client against plain Python
+sockets, in one run.
 
     python bench.py                  # everything, default sizes
     python bench.py --quick          # a short run (smaller counts)
-    python bench.py --only latency   # or: throughput
+    python bench.py --only latency   # or: throughput, call
 
-Every measurement runs in two fresh processes (so peak memory is each
+Every measurement runs in fresh processes (so peak memory is each
 pattern's own) and prints a Markdown table; figures are relative to the
-plain-socket references measured in the same run. Needs numpy.
+plain-socket references measured in the same run. Needs numpy. `call`
+measures `Client.send` of the broker's built-in `ack` and needs the
+`tubeway` binary (`--tubeway PATH`; by default the one on PATH, else the
+release build of this repository).
 """
 
 from __future__ import annotations
@@ -276,7 +280,86 @@ def throughput_socket_b(url: str, pattern: str, n: int) -> None:
     emit({})
 
 
+# ------------------------------------------------------------------- calls
+
+
+def call_client(url: str, n: int, warmup: int, wait: str) -> None:
+    import tubeway
+
+    options = {} if wait == "default" else {"wait": wait}
+    with tubeway.Client(url, **options) as c:
+        payload = b"x" * 64
+        rtts = []
+        for _ in range(warmup):
+            c.send("ack", payload)
+        cpu0 = time.process_time()
+        for _ in range(n):
+            t0 = time.perf_counter_ns()
+            c.send("ack", payload)
+            rtts.append(time.perf_counter_ns() - t0)
+        emit({"rtt_ns": rtts, "cpu_us": (time.process_time() - cpu0) / n * 1e6})
+
+
+def tubeway_binary(given: Optional[str]) -> Optional[str]:
+    import shutil
+
+    if given:
+        return given
+    found = shutil.which("tubeway")
+    if found:
+        return found
+    here = os.path.dirname(os.path.abspath(__file__))
+    built = os.path.join(here, "..", "..", "..", "target", "release", "tubeway")
+    return built if os.access(built, os.X_OK) else None
+
+
+def bench_call(n: int, warmup: int, tmp: str, binary: Optional[str], waits: List[str]) -> List[Dict[str, Any]]:
+    rows: List[Dict[str, Any]] = []
+    for family in ("tcp", "unix"):
+        r = run_pair("latency-socket", ["--family", family, "--address", f"{tmp}/cs-{family}.sock", "-n", str(n), "--warmup", str(warmup)], [])
+        rows.append({"what": f"plain socket ping-pong of 16 B, {family}", **r})
+    if binary is None:
+        rows.append({"what": "tubeway.Client", "skipped": "no tubeway binary (--tubeway PATH)"})
+        return rows
+    listen = ["tcp://127.0.0.1:0", f"unix://{tmp}/call.sock"]
+    if supported("shm"):
+        listen.append(f"shm://tubeway-bench-{os.getpid()}-call")
+    args = [binary, "server", "--log-level", "warn"]
+    for url in listen:
+        args += ["--listen", url]
+    server = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        urls = [server.stdout.readline().split("listening on ", 1)[-1].strip() for _ in listen]
+        for wait in waits:
+            for url in urls:
+                transport = url.split(":", 1)[0]
+                r = run_one("call", ["--url", url, "-n", str(n), "--warmup", str(warmup), "--wait", wait])
+                rows.append({"what": f"tubeway.Client.send, {transport}, wait={wait}", **r})
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    return rows
+
+
 # ------------------------------------------------------------ orchestration
+
+
+def result_of(kind: str, text: str) -> Dict[str, Any]:
+    for ln in text.splitlines():
+        if ln.startswith("RESULT "):
+            return json.loads(ln[7:])
+    raise RuntimeError(f"{kind}: no result")
+
+
+def run_one(kind: str, args: List[str]) -> Dict[str, Any]:
+    """Runs one side alone (against something already listening)."""
+    me = os.path.abspath(__file__)
+    p = subprocess.run([sys.executable, me, "--side", "b", "--kind", kind, *args], stdout=subprocess.PIPE, text=True, timeout=3600)
+    if p.returncode:
+        raise RuntimeError(f"{kind} failed: {p.returncode}")
+    return result_of(kind, p.stdout)
+
 
 
 def run_pair(kind: str, args_a: List[str], args_b: List[str]) -> Dict[str, Any]:
@@ -298,13 +381,7 @@ def run_pair(kind: str, args_a: List[str], args_b: List[str]) -> Dict[str, Any]:
     if a.returncode or b.returncode:
         raise RuntimeError(f"{kind} failed: a={a.returncode} b={b.returncode}")
 
-    def result(text: str) -> Dict[str, Any]:
-        for ln in text.splitlines():
-            if ln.startswith("RESULT "):
-                return json.loads(ln[7:])
-        raise RuntimeError(f"{kind}: no result")
-
-    ra, rb = result(out_a), result(out_b)
+    ra, rb = result_of(kind, out_a), result_of(kind, out_b)
     ra["peak_rss_mb_b"] = rb["peak_rss_mb"]
     return ra
 
@@ -352,12 +429,31 @@ def bench_latency(n: int, warmup: int, tmp: str) -> List[Dict[str, Any]]:
                 ["--wait", wait],
             )
             rows.append({"what": f"tubeway.queue, {transport}, wait={wait}", **r})
+    return summarize(rows)
+
+
+def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Replaces each row's round trips by their percentiles."""
     for row in rows:
         if "rtt_ns" in row:
             rtts = row.pop("rtt_ns")
             row["median_us"] = statistics.median(rtts) / 1000.0
+            row["p90_us"] = percentile(rtts, 90)
             row["p99_us"] = percentile(rtts, 99)
     return rows
+
+
+def print_latency(rows: List[Dict[str, Any]], cpu: bool) -> None:
+    extra = " client CPU µs/call |" if cpu else ""
+    print(f"| what | median µs | p90 µs | p99 µs |{extra}\n|---|---:|---:|---:|{'---:|' if cpu else ''}")
+    for r in rows:
+        if "skipped" in r:
+            print(f"| {r['what']} | {r['skipped']} | | |{' |' if cpu else ''}")
+            continue
+        line = f"| {r['what']} | {r['median_us']:.1f} | {r['p90_us']:.1f} | {r['p99_us']:.1f} |"
+        if cpu:
+            line += f" {r['cpu_us']:.1f} |" if "cpu_us" in r else " |"
+        print(line)
 
 
 def bench_throughput(n: int, n_mix: int, tmp: str, transports: List[str]) -> List[Dict[str, Any]]:
@@ -400,7 +496,9 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=0)
     p.add_argument("--wait", default="park")
     p.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
-    p.add_argument("--only", choices=["latency", "throughput"])
+    p.add_argument("--only", choices=["latency", "throughput", "call"])
+    p.add_argument("--tubeway", help="the tubeway binary, for `call` (default: on PATH, else target/release)")
+    p.add_argument("--waits", default="default,spin-park:50us", help="the clients' wait strategies, for `call`")
     p.add_argument("--transports", default="tcp,unix,shm", help="for throughput (default: tcp,unix,shm)")
     p.add_argument("--json", help="also write the results to this file")
     a = p.parse_args()
@@ -415,6 +513,7 @@ def main() -> None:
             ("throughput-tubeway", "b"): lambda: throughput_tubeway_b(a.url, a.pattern, a.n),
             ("throughput-socket", "a"): lambda: throughput_socket_a(a.family, a.address, a.pattern, a.n),
             ("throughput-socket", "b"): lambda: throughput_socket_b(a.url, a.pattern, a.n),
+            ("call", "b"): lambda: call_client(a.url, a.n, a.warmup, a.wait),
         }[(a.kind, a.side)]
         side()
         return
@@ -428,12 +527,7 @@ def main() -> None:
             rows = bench_latency(n_lat, warmup, tmp)
             results["latency"] = rows
             print(f"\nRound trip of a 16 B message ({n_lat} round trips after {warmup} warm-up)\n")
-            print("| what | median µs | p99 µs |\n|---|---:|---:|")
-            for r in rows:
-                if "skipped" in r:
-                    print(f"| {r['what']} | {r['skipped']} | |")
-                else:
-                    print(f"| {r['what']} | {r['median_us']:.1f} | {r['p99_us']:.1f} |")
+            print_latency(rows, cpu=False)
         if a.only in (None, "throughput"):
             rows = bench_throughput(n_tp, n_mix, tmp, a.transports.split(","))
             results["throughput"] = rows
@@ -444,6 +538,12 @@ def main() -> None:
                     f"| {r['pattern']} | {r['what']} | {r['gbps']:.2f} | {r['ops_per_s']:.0f} | "
                     f"{r['peak_rss_mb']:.0f} | {r['peak_rss_mb_b']:.0f} |"
                 )
+        if a.only in (None, "call"):
+            n_call, call_warmup = (2000, 200) if a.quick else (200000, 20000)
+            rows = summarize(bench_call(n_call, call_warmup, tmp, tubeway_binary(a.tubeway), a.waits.split(",")))
+            results["call"] = rows
+            print(f"\nFunction call `ack` of 64 B through `tubeway server` ({n_call} calls after {call_warmup} warm-up)\n")
+            print_latency(rows, cpu=True)
     print(f"\nload average after: {os.getloadavg()}")
     if a.json:
         with open(a.json, "w") as f:
