@@ -32,6 +32,15 @@ fn _tubeway(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<subscription::PyWorker>()?;
     m.add_class::<queue::PyEndpoint>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // POSIX only; where there is no fork there is nothing to tell.
+    if let Ok(register) = m.py().import("os")?.getattr("register_at_fork") {
+        let kwargs = pyo3::types::PyDict::new(m.py());
+        kwargs.set_item(
+            "after_in_child",
+            wrap_pyfunction!(runtime::after_fork_in_child, m)?,
+        )?;
+        register.call((), Some(&kwargs))?;
+    }
     let at_exit = wrap_pyfunction!(gil_jobs::at_exit, m)?;
     m.py()
         .import("atexit")?

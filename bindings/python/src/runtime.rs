@@ -5,6 +5,7 @@
 
 use std::cell::RefCell;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -22,11 +23,28 @@ struct Shared {
     runtime: Runtime,
 }
 
-/// The process that first used tubeway: a forked child has none of its
-/// threads and must not use what its parent made.
+/// Whether this process has used tubeway.
+static USED: AtomicBool = AtomicBool::new(false);
+/// Set in a child forked after its parent used tubeway: it has none of the
+/// parent's threads, and shares its connections.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// Called by `os.fork` in the child (registered with `os.register_at_fork`
+/// when the module loads): a flag, where comparing process ids would cost a
+/// system call on every call.
+#[pyfunction]
+pub fn after_fork_in_child() {
+    if USED.load(Ordering::Relaxed) {
+        FORKED.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Fails in a child forked after its parent used tubeway.
 fn check_fork() -> PyResult<()> {
-    static FIRST_USE: OnceLock<u32> = OnceLock::new();
-    if *FIRST_USE.get_or_init(std::process::id) == std::process::id() {
+    if !USED.load(Ordering::Relaxed) {
+        USED.store(true, Ordering::Relaxed);
+    }
+    if !FORKED.load(Ordering::Relaxed) {
         return Ok(());
     }
     Err(Error::new_err(
