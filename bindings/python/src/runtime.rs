@@ -3,7 +3,7 @@
 //! the blocking client ([`blocking`]) or on the process-wide runtime that
 //! runs the embedded servers and the futures of `send_async` ([`wait`]).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
@@ -93,18 +93,48 @@ fn signal_raised() -> bool {
     })
 }
 
+thread_local! {
+    /// Whether this is Python's main thread, once asked.
+    static MAIN_THREAD: Cell<Option<bool>> = const { Cell::new(None) };
+}
+
+/// Whether this is Python's main thread, the only one that runs signal
+/// handlers (and so the only one Ctrl-C interrupts).
+fn on_main_thread(py: Python<'_>) -> bool {
+    MAIN_THREAD.with(|main| {
+        *main.get().get_or_insert_with(|| {
+            let is_main = || -> PyResult<bool> {
+                let threading = py.import("threading")?;
+                let current = threading.call_method0("current_thread")?;
+                Ok(current.is(&threading.call_method0("main_thread")?))
+            };
+            // When in doubt, look for signals: it costs a little, never misses one.
+            is_main().unwrap_or(true)
+        })
+    })
+}
+
 /// Runs `op`, a call of the blocking client, with the GIL released: the
 /// calling thread drives the client's connection itself (no hand-off to
-/// an I/O thread). Every [`SIGNAL_CHECK`] of waiting, it runs pending
-/// signal handlers; one that raises (Ctrl-C's `KeyboardInterrupt`) ends the
-/// wait, abandoning the operation as a timeout would, and the call raises it.
+/// an I/O thread). On Python's main thread, every [`SIGNAL_CHECK`] of
+/// waiting, it runs pending signal handlers; one that raises (Ctrl-C's
+/// `KeyboardInterrupt`) ends the wait, abandoning the operation as a
+/// timeout would, and the call raises it. Other threads never run signal
+/// handlers, so they wait without taking the GIL back to look: a waiting
+/// thread that holds the connection's reader (reading for every caller)
+/// then never waits for the GIL meanwhile.
 pub fn blocking<T, F>(py: Python<'_>, op: F) -> PyResult<T>
 where
     F: FnOnce() -> tubeway::Result<T> + Send,
     T: Send,
 {
     check_fork()?;
-    match py.detach(|| tubeway::blocking::interruptible(SIGNAL_CHECK, signal_raised, op)) {
+    let out = if on_main_thread(py) {
+        py.detach(|| tubeway::blocking::interruptible(SIGNAL_CHECK, signal_raised, op))
+    } else {
+        py.detach(op)
+    };
+    match out {
         Ok(v) => Ok(v),
         Err(tubeway::Error::Interrupted) => Err(RAISED
             .with(|r| r.borrow_mut().take())
