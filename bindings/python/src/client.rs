@@ -15,7 +15,7 @@ use tubeway::ops::QueueKind;
 use tubeway::{Client, ClientOptions, Message};
 
 use crate::message::{to_message, PyMessage};
-use crate::runtime::{blocking, drop_detached, seconds, wait_strategy};
+use crate::runtime::{blocking, check_fork, drop_detached, seconds, wait_strategy};
 use crate::subscription::{PySubscription, PyWorker};
 use crate::{errors, handler, json, pyfuture};
 
@@ -40,6 +40,7 @@ pub fn queue_kind(kind: &str) -> PyResult<QueueKind> {
 
 impl PyClient {
     fn client(&self) -> PyResult<Client> {
+        check_fork()?;
         self.inner
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -40,7 +40,7 @@ pub fn after_fork_in_child() {
 }
 
 /// Fails in a child forked after its parent used tubeway.
-fn check_fork() -> PyResult<()> {
+pub fn check_fork() -> PyResult<()> {
     if !USED.load(Ordering::Relaxed) {
         USED.store(true, Ordering::Relaxed);
     }

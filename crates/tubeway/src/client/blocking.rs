@@ -22,9 +22,8 @@
 //! Every call is bounded by a timeout, as in [`AsyncClient`], and a wait
 //! can be cut short from outside: inside [`interruptible`], it asks a check
 //! of the caller's at a set interval (Ctrl-C, for a language binding).
-//! Calling from
-//! inside an async runtime fails with [`Error::Runtime`] instead of blocking
-//! one of its threads: use [`AsyncClient`] there. The synchronous handlers of
+//! Calling from inside an async runtime fails with [`Error::Runtime`]
+//! instead of blocking one of its threads: use [`AsyncClient`] there. The synchronous handlers of
 //! [`Client::serve`] and [`Client::subscribe_with`] run on blocking threads
 //! and may use the blocking client.
 
