@@ -38,6 +38,25 @@ def test_server_calls_its_own_function(tcp_server: tubeway.Server) -> None:
         tcp_server.call("double", Message.data(1))
 
 
+def test_handlers_and_callbacks_may_use_a_client(tcp_server: tubeway.Server) -> None:
+    """Python handlers run on threads of an async runtime, where blocking
+    calls are allowed: a function of the server's, a worker's handler and
+    a subscriber's callback each call through a client."""
+    tcp_server.create_function("double", lambda m: m.data * 2)
+    tcp_server.create_topic("t")
+    with tubeway.Client(tcp_server.url) as inner, tubeway.Client(tcp_server.url) as c:
+        tcp_server.create_function("quad", lambda m: inner.send("double", Message.data(m.data * 2)).data)
+        assert c.send("quad", Message.data(5)).data == 20
+        with c.serve("octo", lambda m: inner.send("quad", Message.data(m.data * 2)).data):
+            assert c.send("octo", Message.data(1)).data == 8
+        got = []
+        done = threading.Event()
+        with c.subscribe("t", lambda m: (got.append(inner.send("double", Message.data(m.data)).data), done.set())):
+            c.publish("t", Message.data(7))
+            assert done.wait(10)
+        assert got == [14]
+
+
 def test_slow_handler_does_not_stall_others(tcp_server: tubeway.Server) -> None:
     release = threading.Event()
     tcp_server.create_function("slow", lambda m: release.wait(10) and "slow")
