@@ -193,15 +193,18 @@ impl PyClient {
     ) -> PyResult<Py<PyAny>> {
         let mut msg = to_message(message)?;
         msg.timeout = Some(self.timeout_or_default(timeout)?);
-        // Started here; a thread of the client's reads its answer.
-        let call = self.client()?.send_async(&function, msg);
-        pyfuture::spawn(py, async move {
-            let reply = call.await;
-            move |py: Python<'_>| -> PyResult<Py<PyAny>> {
-                let reply = reply.map_err(errors::to_py)?;
-                Ok(Py::new(py, PyMessage::new(reply))?.into_any())
-            }
-        })
+        let (future, promise) = pyfuture::Promise::new(py)?;
+        // The client's background thread reads the reply and hands it to
+        // the GIL thread, which resolves the future.
+        self.client()?
+            .send_then(&function, msg, move |reply| {
+                promise.fulfil(move |py| {
+                    let reply = reply.map_err(errors::to_py)?;
+                    Ok(Py::new(py, PyMessage::new(reply))?.into_any())
+                });
+            })
+            .map_err(errors::to_py)?;
+        Ok(future)
     }
 
     /// Calls `function` without a reply.

@@ -1,11 +1,9 @@
-//! Work on the runtime whose result a `concurrent.futures.Future` carries.
-
-use std::future::Future;
+//! `concurrent.futures.Future`s resolved from Rust threads.
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
-use crate::{gil_jobs, runtime};
+use crate::gil_jobs;
 
 /// A new, pending `concurrent.futures.Future`.
 pub fn new_future(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
@@ -36,22 +34,26 @@ pub fn resolve(py: Python<'_>, future: &Py<PyAny>, result: PyResult<Py<PyAny>>) 
     }
 }
 
-/// Runs `work` on the runtime and returns a `concurrent.futures.Future` of
-/// its result. `work` yields a function that makes the Python result; it
-/// runs on the GIL thread, never on an I/O thread.
-pub fn spawn<W, R>(py: Python<'_>, work: W) -> PyResult<Py<PyAny>>
-where
-    W: Future<Output = R> + Send + 'static,
-    R: FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send + 'static,
-{
-    let future = new_future(py)?.unbind();
-    let target = future.clone_ref(py);
-    runtime::spawn(async move {
-        let make = work.await;
+/// What resolves a pending `concurrent.futures.Future` from any thread.
+pub struct Promise(Py<PyAny>);
+
+impl Promise {
+    /// A new pending future, and its promise.
+    pub fn new(py: Python<'_>) -> PyResult<(Py<PyAny>, Promise)> {
+        let future = new_future(py)?.unbind();
+        let target = future.clone_ref(py);
+        Ok((future, Promise(target)))
+    }
+
+    /// Resolves the future with what `make` makes; `make` runs on the GIL
+    /// thread, never on the thread that calls this (an I/O thread).
+    pub fn fulfil<R>(self, make: R)
+    where
+        R: FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send + 'static,
+    {
         gil_jobs::post(move |py| {
             let result = make(py);
-            resolve(py, &target, result);
+            resolve(py, &self.0, result);
         });
-    })?;
-    Ok(future)
+    }
 }

@@ -1,7 +1,7 @@
 //! How Python threads wait: with the GIL released, waking every
 //! [`SIGNAL_CHECK`] to let Ctrl-C interrupt the wait, either in a call of
 //! the blocking client ([`blocking`]) or on the process-wide runtime that
-//! runs the embedded servers and the futures of `send_async` ([`wait`]).
+//! binds queues' listeners and runs the embedded servers' calls ([`wait`]).
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;

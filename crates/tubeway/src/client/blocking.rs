@@ -30,7 +30,7 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
@@ -197,7 +197,7 @@ fn interrupted() -> bool {
 /// A client's own runtime: current-thread, driven by whoever waits on it.
 struct Driver {
     rt: Option<Runtime>,
-    background: Mutex<Background>,
+    background: Arc<BackgroundShared>,
     /// The connection's reader while nobody runs it (boxed: it changes
     /// hands on every call).
     reader: Mutex<Option<Box<Reader>>>,
@@ -236,6 +236,11 @@ impl Held<'_> {
     /// Polls the reader; false once it has ended (the connection closed).
     fn poll(&mut self, cx: &mut Context<'_>) -> bool {
         self.poll_for(cx, None).is_pending()
+    }
+
+    /// Whether the reader spins (see [`Reader::spinning`]).
+    fn spinning(&self) -> bool {
+        self.reader.as_ref().is_some_and(|r| r.spinning())
     }
 
     /// Polls the reader for the response to `id`, a call that is not
@@ -287,7 +292,29 @@ enum Call<'a> {
 struct Background {
     duties: usize,
     stop: Option<Arc<Notify>>,
+    /// Its thread runs: serving, or waiting a while for the next duty.
+    thread: bool,
+    /// The client is gone: a waiting thread ends at once.
+    gone: bool,
 }
+
+/// The background driver's state, and how its waiting thread is woken.
+#[derive(Debug, Default)]
+struct BackgroundShared {
+    state: Mutex<Background>,
+    next: Condvar,
+}
+
+impl BackgroundShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Background> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// How long the background thread waits for the next duty before it ends:
+/// a loop of `send_async` calls, each waited for, must not start a thread
+/// per call (that costs more than the call).
+const LINGER: Duration = Duration::from_secs(1);
 
 impl Driver {
     fn new() -> Result<Arc<Driver>> {
@@ -302,7 +329,7 @@ impl Driver {
             .map_err(|e| Error::Runtime(format!("cannot start the client's runtime: {e}")))?;
         Ok(Arc::new(Driver {
             rt: Some(rt),
-            background: Mutex::default(),
+            background: Arc::default(),
             reader: Mutex::new(None),
             reader_free: Notify::new(),
             conn: OnceLock::new(),
@@ -546,12 +573,17 @@ impl Driver {
         // Until stopped (then `held` puts the reader back for the callers),
         // even once the connection has ended: the tasks it runs (a
         // `send_async` call, a worker's handler) still have to learn that.
+        // Stopped while its reader spins, it goes on until the reader would
+        // sleep: a duty that comes meanwhile (the next `send_async` of a
+        // loop) finds the thread awake, with no wake-up to pay.
+        let mut stopped = false;
         std::future::poll_fn(|cx| {
-            if stop.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(());
-            }
+            stopped = stopped || stop.as_mut().poll(cx).is_ready();
             // Ended, it stays ended: pending on `stop` alone.
             held.poll(cx);
+            if stopped && !held.spinning() {
+                return Poll::Ready(());
+            }
             Poll::Pending
         })
         .await;
@@ -566,30 +598,61 @@ impl Driver {
 
     /// Keeps a thread driving the runtime until the returned guard drops.
     fn duty(self: &Arc<Self>) -> Result<Duty> {
-        let mut b = self
-            .background
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let shared = &self.background;
+        let mut b = shared.lock();
         if b.duties == 0 {
-            let stop = Arc::new(Notify::new());
-            let driver = self.clone();
-            let until = stop.clone();
-            std::thread::Builder::new()
-                .name("tubeway-client".into())
-                .spawn(move || {
-                    let d = driver.clone();
-                    driver.rt().block_on(d.serve(until));
-                })
-                .map_err(|e| {
-                    Error::Runtime(format!("cannot start the client's driver thread: {e}"))
-                })?;
-            b.stop = Some(stop);
+            if !b.thread {
+                let (driver, theirs) = (Arc::downgrade(self), shared.clone());
+                std::thread::Builder::new()
+                    .name("tubeway-client".into())
+                    .spawn(move || background(&driver, &theirs))
+                    .map_err(|e| {
+                        Error::Runtime(format!("cannot start the client's driver thread: {e}"))
+                    })?;
+                b.thread = true;
+            }
+            b.stop = Some(Arc::new(Notify::new()));
+            shared.next.notify_one();
         }
         b.duties += 1;
         Ok(Duty {
             driver: self.clone(),
         })
     }
+}
+
+/// The background thread: drives the runtime while duties are held, then
+/// waits up to [`LINGER`] for the next. It holds the driver only while it
+/// drives, so a client dropped meanwhile goes at once.
+fn background(driver: &std::sync::Weak<Driver>, shared: &BackgroundShared) {
+    loop {
+        let until = {
+            let b = shared.lock();
+            b.stop.clone().filter(|_| b.duties > 0)
+        };
+        if let Some(until) = until {
+            let Some(d) = driver.upgrade() else { break };
+            d.rt().block_on(d.serve(until));
+        }
+        let mut b = shared.lock();
+        let deadline = Instant::now() + LINGER;
+        while b.duties == 0 && !b.gone {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            b = shared
+                .next
+                .wait_timeout(b, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        if b.duties == 0 {
+            b.thread = false;
+            return;
+        }
+    }
+    shared.lock().thread = false;
 }
 
 impl Drop for Driver {
@@ -609,6 +672,9 @@ impl Drop for Driver {
             });
         }
         rt.shutdown_background();
+        let mut b = self.background.lock();
+        b.gone = true;
+        self.background.next.notify_all();
     }
 }
 
@@ -620,11 +686,7 @@ struct Duty {
 
 impl Drop for Duty {
     fn drop(&mut self) {
-        let mut b = self
-            .driver
-            .background
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut b = self.driver.background.lock();
         b.duties -= 1;
         if b.duties == 0 {
             if let Some(stop) = b.stop.take() {
@@ -871,6 +933,33 @@ impl Client {
                 _duty: None,
             },
         }
+    }
+
+    /// Calls `function` without waiting for the response: the call runs in
+    /// the background and `then` gets its result there, on the client's
+    /// background thread (it must not block: it holds up the connection).
+    /// Where [`send_async`](Self::send_async) needs a thread to wait for its
+    /// future, this hands the reply on at once (a language binding resolves
+    /// its own kind of future so). Fails only if the background cannot start.
+    pub fn send_then<F>(&self, function: &str, msg: Message, then: F) -> Result<()>
+    where
+        F: FnOnce(Result<Message>) + Send + 'static,
+    {
+        let client = self.inner.clone();
+        let function = function.to_owned();
+        // Kept by the call: the connection is served until the reply is in.
+        // (Never the driver's last handle there: whoever runs the task holds
+        // one, so the runtime is not dropped from inside itself.)
+        let duty = self.exec.duty()?;
+        let call = async move {
+            let _duty = duty;
+            then(client.send(&function, msg).await);
+        };
+        match &self.exec {
+            Exec::Own(d) => drop(d.rt().spawn(call)),
+            Exec::Shared => drop(shared_runtime()?.spawn(call)),
+        }
+        Ok(())
     }
 
     /// Calls `function` without waiting for, or getting, a response.

@@ -318,6 +318,13 @@ impl Reader {
     /// or, when `answer_to` names a call nobody registered for (its caller
     /// polls this reader itself), until its response arrives, which is
     /// returned instead of routed.
+    /// Whether the last [`poll_read`](Self::poll_read) was pending only
+    /// to give the runtime a turn while its reader spins (see
+    /// `FrameReader::woke_itself`), not to sleep.
+    pub(crate) fn spinning(&self) -> bool {
+        !self.ended && self.frames.woke_itself()
+    }
+
     pub(crate) fn poll_read(
         &mut self,
         cx: &mut Context<'_>,

@@ -979,6 +979,85 @@ fn a_blocking_clients_response_future_fails_when_the_connection_ends() {
     assert!(matches!(got, Err(Error::ConnectionClosed(_))), "{got:?}");
 }
 
+/// `send_then` hands each reply to its callback as it comes, and a call
+/// the connection's end cuts short gets that end.
+#[test]
+fn send_then_hands_every_reply_to_its_callback() {
+    let (client, broker, served) = blocking_pair(ClientOptions::default(), |mut peer| async move {
+        let first = peer.recv().await;
+        let second = peer.recv().await;
+        // Answered out of order; the third call is never answered.
+        peer.echo(&second).await;
+        peer.echo(&first).await;
+        let _third = peer.recv().await;
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    for text in ["one", "two", "three"] {
+        let tx = tx.clone();
+        client
+            .send_then("echo", Message::plain_text(text), move |r| {
+                let _ = tx.send(r.map(|m| m.text_payload().unwrap().into_owned()));
+            })
+            .unwrap();
+    }
+    let got: Vec<_> = (0..2)
+        .map(|_| rx.recv_timeout(STEP).unwrap().unwrap())
+        .collect();
+    assert_eq!(got, ["two", "one"]);
+    broker.block_on(within(served)).unwrap();
+    let last = rx.recv_timeout(STEP).unwrap();
+    assert!(matches!(last, Err(Error::ConnectionClosed(_))), "{last:?}");
+}
+
+/// The tids of this process's threads named `name`.
+#[cfg(target_os = "linux")]
+fn threads_named(name: &str) -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| {
+            let tid = t.ok()?.file_name().into_string().ok()?;
+            let comm = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).ok()?;
+            (comm.trim() == name).then_some(tid)
+        })
+        .collect()
+}
+
+/// `send_async` calls waited for one after the other are driven by one
+/// background thread, which waits for the next call instead of ending
+/// with each (starting a thread costs more than a call).
+#[cfg(target_os = "linux")]
+#[test]
+fn send_async_calls_in_a_row_share_one_background_thread() {
+    let (client, broker, served) = blocking_pair(ClientOptions::default(), |mut peer| async move {
+        for _ in 0..5 {
+            let m = peer.recv().await;
+            peer.echo(&m).await;
+        }
+    });
+    let mut seen = Vec::new();
+    for i in 0..5 {
+        let r = client.send_async("echo", Message::plain_text(i.to_string()));
+        assert_eq!(r.wait().unwrap().text_payload().unwrap(), i.to_string());
+        seen.push(threads_named("tubeway-client"));
+    }
+    broker.block_on(within(served)).unwrap();
+    assert!(
+        seen.iter().all(|s| *s == seen[0] && s.len() == 1),
+        "{seen:?}"
+    );
+    // A client dropped while its thread waits for the next call ends that
+    // thread at once, not a linger later.
+    drop(client);
+    let t0 = std::time::Instant::now();
+    while threads_named("tubeway-client").contains(&seen[0][0]) {
+        assert!(
+            t0.elapsed() < Duration::from_millis(500),
+            "the thread lingers"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn clients_are_send_sync_clone() {
     fn check<T: Send + Sync + Clone>() {}
