@@ -15,7 +15,7 @@ use tubeway::ops::QueueKind;
 use tubeway::{Client, ClientOptions, Message};
 
 use crate::message::{to_message, PyMessage};
-use crate::runtime::{blocking, check_fork, drop_detached, seconds, wait_strategy};
+use crate::runtime::{blocking, check_fork, drop_slot_detached, seconds, wait_strategy};
 use crate::subscription::{PySubscription, PyWorker};
 use crate::{errors, handler, json, pyfuture};
 
@@ -65,14 +65,7 @@ impl PyClient {
 
 impl Drop for PyClient {
     fn drop(&mut self) {
-        let client = self
-            .inner
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(client) = client {
-            drop_detached(client);
-        }
+        drop_slot_detached(&mut self.inner);
     }
 }
 

@@ -6,7 +6,7 @@
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -151,6 +151,18 @@ pub fn drop_detached<T: Send + 'static>(value: T) {
     let _ = std::thread::Builder::new()
         .name("tubeway-drop".into())
         .spawn(move || drop(value));
+}
+
+/// What `slot` still holds, dropped by [`drop_detached`]: for the finalizer
+/// of an object that was not closed.
+pub fn drop_slot_detached<T: Send + 'static>(slot: &mut Mutex<Option<T>>) {
+    if let Some(value) = slot
+        .get_mut()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+    {
+        drop_detached(value);
+    }
 }
 
 /// Runs `fut` to completion with the GIL released. A pending signal handler

@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 use tubeway::blocking::{Subscription, SubscriptionHandle, Worker};
 
 use crate::message::PyMessage;
-use crate::runtime::{blocking, drop_detached, seconds};
+use crate::runtime::{blocking, drop_slot_detached, seconds};
 use crate::{errors, handler};
 
 #[derive(Debug)]
@@ -72,9 +72,7 @@ impl PySubscription {
 
 impl Drop for PySubscription {
     fn drop(&mut self) {
-        if let Some(kind) = self.take() {
-            drop_detached(kind);
-        }
+        drop_slot_detached(&mut self.inner);
     }
 }
 
@@ -184,14 +182,7 @@ impl PyWorker {
 
 impl Drop for PyWorker {
     fn drop(&mut self) {
-        let worker = self
-            .inner
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(worker) = worker {
-            drop_detached(worker);
-        }
+        drop_slot_detached(&mut self.inner);
     }
 }
 
