@@ -1009,6 +1009,45 @@ fn send_then_hands_every_reply_to_its_callback() {
     assert!(matches!(last, Err(Error::ConnectionClosed(_))), "{last:?}");
 }
 
+/// Requests made one after the other by one thread with `send_async` or
+/// `send_then` go out in that order.
+#[test]
+fn background_calls_from_one_thread_go_out_in_order() {
+    const N: usize = 50;
+    let (seen_tx, seen_rx) = std::sync::mpsc::channel();
+    let (client, broker, served) =
+        blocking_pair(ClientOptions::default(), move |mut peer| async move {
+            for _ in 0..2 * N {
+                let m = peer.recv().await;
+                seen_tx
+                    .send(m.text_payload().unwrap().into_owned())
+                    .unwrap();
+                peer.echo(&m).await;
+            }
+        });
+    let mut futures = Vec::new();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    for i in 0..N {
+        futures.push(client.send_async("echo", Message::plain_text(format!("a{i}"))));
+        let done = done_tx.clone();
+        client
+            .send_then("echo", Message::plain_text(format!("t{i}")), move |r| {
+                done.send(r.is_ok()).unwrap();
+            })
+            .unwrap();
+    }
+    for f in futures {
+        f.wait().unwrap();
+    }
+    assert!((0..N).all(|_| done_rx.recv_timeout(STEP).unwrap()));
+    broker.block_on(within(served)).unwrap();
+    let seen: Vec<String> = seen_rx.try_iter().collect();
+    let made: Vec<String> = (0..N)
+        .flat_map(|i| [format!("a{i}"), format!("t{i}")])
+        .collect();
+    assert_eq!(seen, made);
+}
+
 /// The tids of this process's threads named `name`.
 #[cfg(target_os = "linux")]
 fn threads_named(name: &str) -> Vec<String> {
