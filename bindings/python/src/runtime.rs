@@ -19,10 +19,6 @@ use crate::errors::Error;
 /// rarely costs nothing measurable and keeps interruption prompt.
 const SIGNAL_CHECK: Duration = Duration::from_millis(50);
 
-struct Shared {
-    runtime: Runtime,
-}
-
 /// Whether this process has used tubeway.
 static USED: AtomicBool = AtomicBool::new(false);
 /// Set in a child forked after its parent used tubeway: it has none of the
@@ -54,8 +50,8 @@ pub fn check_fork() -> PyResult<()> {
     ))
 }
 
-fn shared() -> PyResult<&'static Shared> {
-    static SHARED: OnceLock<Result<Shared, String>> = OnceLock::new();
+fn shared() -> PyResult<&'static Runtime> {
+    static SHARED: OnceLock<Result<Runtime, String>> = OnceLock::new();
     SHARED
         .get_or_init(|| {
             Builder::new_multi_thread()
@@ -63,7 +59,6 @@ fn shared() -> PyResult<&'static Shared> {
                 .thread_name("tubeway-py-io")
                 .enable_all()
                 .build()
-                .map(|runtime| Shared { runtime })
                 .map_err(|e| e.to_string())
         })
         .as_ref()
@@ -73,7 +68,7 @@ fn shared() -> PyResult<&'static Shared> {
 /// The process-wide runtime; an error in a child forked after it started.
 pub fn runtime() -> PyResult<&'static Runtime> {
     check_fork()?;
-    Ok(&shared()?.runtime)
+    shared()
 }
 
 thread_local! {

@@ -23,9 +23,9 @@
 //! can be cut short from outside: inside [`interruptible`], it asks a check
 //! of the caller's at a set interval (Ctrl-C, for a language binding).
 //! Calling from inside an async runtime fails with [`Error::Runtime`]
-//! instead of blocking one of its threads: use [`AsyncClient`] there. The synchronous handlers of
-//! [`Client::serve`] and [`Client::subscribe_with`] run on blocking threads
-//! and may use the blocking client.
+//! instead of blocking one of its threads: use [`AsyncClient`] there. The
+//! synchronous handlers of [`Client::serve`] and [`Client::subscribe_with`]
+//! run on blocking threads and may use the blocking client.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -757,19 +757,22 @@ impl Exec {
         })
     }
 
+    /// The runtime this client's futures run on.
+    fn runtime(&self) -> Result<&Runtime> {
+        match self {
+            Exec::Own(d) => Ok(d.rt()),
+            Exec::Shared => shared_runtime(),
+        }
+    }
+
     /// Runs `f` in the background.
     fn spawn<F>(&self, f: F) -> Result<(JoinHandle<F::Output>, Option<Duty>)>
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        match self {
-            Exec::Own(d) => {
-                let duty = d.duty()?;
-                Ok((d.rt().spawn(f), Some(duty)))
-            }
-            Exec::Shared => Ok((shared_runtime()?.spawn(f), None)),
-        }
+        let duty = self.duty()?;
+        Ok((self.runtime()?.spawn(f), duty))
     }
 
     /// Keeps the connection served while the guard lives.
@@ -955,10 +958,7 @@ impl Client {
             let _duty = duty;
             then(client.send(&function, msg).await);
         };
-        match &self.exec {
-            Exec::Own(d) => drop(d.rt().spawn(call)),
-            Exec::Shared => drop(shared_runtime()?.spawn(call)),
-        }
+        drop(self.exec.runtime()?.spawn(call));
         Ok(())
     }
 
@@ -1212,15 +1212,9 @@ impl Subscription {
         F: Fn(Message) + Send + 'static,
     {
         let duty = self.exec.duty()?;
-        let inner = match &self.exec {
-            Exec::Own(d) => {
-                let _context = d.rt().enter();
-                self.inner.with_handler(handler)
-            }
-            Exec::Shared => {
-                let _context = shared_runtime()?.enter();
-                self.inner.with_handler(handler)
-            }
+        let inner = {
+            let _context = self.exec.runtime()?.enter();
+            self.inner.with_handler(handler)
         };
         Ok(SubscriptionHandle {
             inner,
