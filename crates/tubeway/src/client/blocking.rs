@@ -449,7 +449,7 @@ impl Driver {
         }
         let (id, poll_queue) = (msg.id, poll_queue(&msg));
         let frame = conn.encode_owned(msg)?;
-        let unsent = conn.try_send_or_return(frame)?;
+        let unsent = conn.try_send_as(frame, false)?;
         // The runtime's context, for what routing other messages starts;
         // entered once the request is out, while the broker works on it.
         let _context = self.rt().enter();
@@ -921,10 +921,10 @@ impl Client {
     /// the background and the returned [`ResponseFuture`] yields its result,
     /// by `.await` or [`ResponseFuture::wait`]. Usable from any context.
     pub fn send_async(&self, function: &str, msg: Message) -> ResponseFuture {
-        let client = self.inner.clone();
-        let function = function.to_owned();
-        let call = async move { client.send(&function, msg).await };
-        match self.exec.spawn(call) {
+        // The request is written from this thread (see `AsyncClient::launch`);
+        // the background thread has only the answer to read.
+        let launched = self.inner.launch(function, msg);
+        match launched.and_then(|call| self.exec.spawn(call.finish())) {
             Ok((task, duty)) => ResponseFuture {
                 task: Ok(task),
                 exec: self.exec.clone(),
@@ -948,15 +948,19 @@ impl Client {
     where
         F: FnOnce(Result<Message>) + Send + 'static,
     {
-        let client = self.inner.clone();
-        let function = function.to_owned();
         // Kept by the call: the connection is served until the reply is in.
         // (Never the driver's last handle there: whoever runs the task holds
         // one, so the runtime is not dropped from inside itself.)
         let duty = self.exec.duty()?;
+        // Written from this thread, as by `send_async`; a call that cannot
+        // start still ends in `then`, on the background thread.
+        let launched = self.inner.launch(function, msg);
         let call = async move {
             let _duty = duty;
-            then(client.send(&function, msg).await);
+            then(match launched {
+                Ok(call) => call.finish().await,
+                Err(e) => Err(e),
+            });
         };
         drop(self.exec.runtime()?.spawn(call));
         Ok(())

@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, Notify};
+use futures::FutureExt;
+use tokio::sync::{mpsc, oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
@@ -70,6 +71,13 @@ pub(crate) struct Conn {
     swept: AtomicBool,
     /// Wakes the sweeper for a deadline earlier than the one it sleeps until.
     sweep_sooner: Notify,
+    /// Calls handed to a task with their request not yet written (see
+    /// [`AsyncClient::launch`](super::AsyncClient::launch)): while there are
+    /// any, a call launched later does not write its own first.
+    handed_over: AtomicUsize,
+    /// The order in which handed-over calls write their requests: one at a
+    /// time, first come first served.
+    line: Arc<Semaphore>,
 }
 
 #[derive(Default)]
@@ -119,6 +127,47 @@ struct Waiter {
 /// (the broker withdraws the polls themselves: only a message that crossed
 /// a forgotten withdrawal would then go unreturned).
 const MAX_ABANDONED: usize = 4096;
+
+/// A call handed to a task before its request could be written (see
+/// [`Conn::hand_over`]).
+pub(crate) struct HandedOver {
+    conn: Arc<Conn>,
+    turn: Turn,
+}
+
+/// A handed-over call's place in the line of them.
+enum Turn {
+    Waiting(Pin<Box<dyn Future<Output = Option<OwnedSemaphorePermit>> + Send>>),
+    /// Its request is next to go; the others wait until this drops.
+    Now {
+        _permit: Option<OwnedSemaphorePermit>,
+    },
+}
+
+impl HandedOver {
+    /// Waits until every call handed over before this one has written its
+    /// request (or given up); false if `until` passes first.
+    pub(crate) async fn my_turn(&mut self, until: Option<Instant>) -> bool {
+        let Turn::Waiting(waiting) = &mut self.turn else {
+            return true;
+        };
+        let permit = match until {
+            Some(at) => match tokio::time::timeout_at(at, waiting).await {
+                Ok(permit) => permit,
+                Err(_) => return false,
+            },
+            None => waiting.await,
+        };
+        self.turn = Turn::Now { _permit: permit };
+        true
+    }
+}
+
+impl Drop for HandedOver {
+    fn drop(&mut self) {
+        self.conn.handed_over.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -194,6 +243,8 @@ pub(crate) async fn establish(
         max_send: AtomicUsize::new(max_receive),
         swept: AtomicBool::new(false),
         sweep_sooner: Notify::new(),
+        handed_over: AtomicUsize::new(0),
+        line: Arc::new(Semaphore::new(1)),
     });
     let writer = tokio::spawn(write_loop(flusher, Arc::downgrade(&conn)));
     let mut frames = FrameReader::new(stream.reader, max_receive);
@@ -605,6 +656,53 @@ impl Conn {
         sent.map_err(|_| self.closed_error())
     }
 
+    /// Sends a frame as [`send_frame_as`](Self::send_frame_as) would if that
+    /// needs no waiting; gives it back otherwise.
+    pub(crate) fn try_send_as(
+        &self,
+        frame: EncodedFrame,
+        batched: bool,
+    ) -> Result<Option<EncodedFrame>> {
+        let tried = if batched {
+            self.writer.try_send_batched_or_return(frame)
+        } else {
+            self.writer.try_send_or_return(frame)
+        };
+        tried.map_err(|_| self.closed_error())
+    }
+
+    /// Whether no call handed to a task still waits to write its request.
+    pub(crate) fn none_handed_over(&self) -> bool {
+        self.handed_over.load(Ordering::Acquire) == 0
+    }
+
+    /// Puts a call whose request could not be written at once in the line
+    /// of such calls, whose requests go in the order they joined it (a
+    /// small request that would fit must not overtake a large one waiting
+    /// for room); it counts as handed over until the returned guard drops,
+    /// once its request is written or given up.
+    pub(crate) fn hand_over(self: &Arc<Self>) -> HandedOver {
+        self.handed_over.fetch_add(1, Ordering::AcqRel);
+        // The line is never closed, so the permit always comes.
+        let mut waiting: Pin<Box<dyn Future<Output = _> + Send>> = Box::pin(
+            self.line
+                .clone()
+                .acquire_owned()
+                .map(std::result::Result::ok),
+        );
+        // Polled now, on the thread making the call, so that its place in
+        // the line is that of the call, whenever its task first runs.
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        let turn = match waiting.as_mut().poll(&mut cx) {
+            Poll::Ready(permit) => Turn::Now { _permit: permit },
+            Poll::Pending => Turn::Waiting(waiting),
+        };
+        HandedOver {
+            conn: self.clone(),
+            turn,
+        }
+    }
+
     /// Sends a frame if that needs no waiting; for drop paths, which cannot wait.
     pub(crate) fn try_send_frame(&self, frame: EncodedFrame) -> bool {
         self.writer.try_send(frame).unwrap_or(false)
@@ -760,13 +858,6 @@ impl Conn {
         s.pending.insert(id, waiter);
         s.unregistered = None;
         Ok(rx)
-    }
-
-    /// Sends a frame if that needs no waiting; gives it back otherwise.
-    pub(crate) fn try_send_or_return(&self, frame: EncodedFrame) -> Result<Option<EncodedFrame>> {
-        self.writer
-            .try_send_or_return(frame)
-            .map_err(|_| self.closed_error())
     }
 
     /// Forgets a call once it has ended. A poll that ended unanswered (its

@@ -20,7 +20,7 @@ mod connection;
 mod subscription;
 mod worker;
 
-use connection::Conn;
+use connection::{Conn, HandedOver};
 pub use subscription::{Subscription, SubscriptionHandle};
 pub use worker::{HandlerError, Worker};
 
@@ -275,6 +275,7 @@ impl AsyncClient {
             rx,
             pipelined,
             swept: deadline.filter(|_| swept),
+            handed_over: None,
         })
     }
 
@@ -295,6 +296,49 @@ impl AsyncClient {
             rx,
             pipelined: false,
             swept: None,
+            handed_over: None,
+        })
+    }
+
+    /// Starts a call of `function` for a task to finish (see [`Launched`]),
+    /// from the thread that makes it: registered, and its request written
+    /// right here unless that would wait for room, or a call launched
+    /// earlier has yet to write its own. Requests thus leave in the order
+    /// their calls were made, and the task has only the answer to wait for.
+    pub(crate) fn launch(&self, function: &str, msg: Message) -> Result<Launched> {
+        let timeout = self.call_timeout(&msg);
+        let msg = function_call(function, msg, timeout);
+        let wait = self.wait_for(msg.timeout);
+        let deadline = tokio::time::Instant::now().checked_add(wait);
+        let Started {
+            pending,
+            frame,
+            rx,
+            pipelined,
+            swept,
+            handed_over: _,
+        } = self.start_until(msg, deadline)?;
+        let conn = pending.conn;
+        let unsent = match frame {
+            Some(frame) if conn.none_handed_over() => conn.try_send_as(frame, pipelined)?,
+            unsent => unsent,
+        };
+        let handed_over = unsent
+            .as_ref()
+            .map(|_| Box::new(self.conn_arc().hand_over()));
+        let id = pending.id;
+        pending.taken();
+        Ok(Launched {
+            client: self.clone(),
+            call: Some(LaunchedCall {
+                id,
+                frame: unsent,
+                rx,
+                pipelined,
+                swept,
+                handed_over,
+                wait,
+            }),
         })
     }
 
@@ -601,6 +645,53 @@ impl AsyncClient {
     }
 }
 
+/// A call started by [`AsyncClient::launch`]: [`Started`] owning what it
+/// borrows, so that it can move into a task.
+pub(crate) struct Launched {
+    client: AsyncClient,
+    /// Until the task takes it.
+    call: Option<LaunchedCall>,
+}
+
+struct LaunchedCall {
+    id: uuid::Uuid,
+    frame: Option<EncodedFrame>,
+    rx: oneshot::Receiver<Box<Message>>,
+    pipelined: bool,
+    swept: Option<tokio::time::Instant>,
+    handed_over: Option<Box<HandedOver>>,
+    wait: Duration,
+}
+
+impl Launched {
+    /// Writes the request if the launching thread could not, waits for
+    /// the answer and returns it as [`AsyncClient::send`] does.
+    pub(crate) async fn finish(mut self) -> Result<Message> {
+        let Some(call) = self.call.take() else {
+            unreachable!("a launched call is finished once")
+        };
+        let conn = self.client.conn();
+        let started = Started {
+            pending: PendingGuard { conn, id: call.id },
+            frame: call.frame,
+            rx: call.rx,
+            pipelined: call.pipelined,
+            swept: call.swept,
+            handed_over: call.handed_over,
+        };
+        ok_response(started.finish(call.wait).await?)
+    }
+}
+
+impl Drop for Launched {
+    /// A task dropped before it ran (its runtime shut down) ends its call.
+    fn drop(&mut self) {
+        if let Some(call) = self.call.take() {
+            self.client.conn().remove_pending(call.id);
+        }
+    }
+}
+
 /// Removes a pending call's entry when the call ends, however it ends.
 struct PendingGuard<'a> {
     conn: &'a Conn,
@@ -631,6 +722,9 @@ pub(crate) struct Started<'a> {
     pipelined: bool,
     /// The deadline the connection's sweeper fails the call at, if it does.
     swept: Option<tokio::time::Instant>,
+    /// Handed to a task before its request could be written (see
+    /// [`AsyncClient::launch`]); boxed, being rare.
+    handed_over: Option<Box<HandedOver>>,
 }
 
 impl Started<'_> {
@@ -676,10 +770,18 @@ impl Started<'_> {
             frame,
             rx,
             pipelined,
+            mut handed_over,
             ..
         } = self;
         let conn = pending.conn;
         if let Some(frame) = frame {
+            if let Some(line) = handed_over.as_mut() {
+                // Boxed: a rare wait, kept out of the size of every call's future.
+                let until = deadline.map(|(at, _)| at);
+                if !Box::pin(line.my_turn(until)).await {
+                    return Err(Error::Timeout(deadline.map_or(Duration::ZERO, |(_, t)| t)));
+                }
+            }
             let mut send = std::pin::pin!(conn.send_frame_as(frame, pipelined));
             // Most sends are done at once; only one that waits for room
             // needs a timer, which the sweeper does not stand in for.
@@ -702,6 +804,7 @@ impl Started<'_> {
                 }
             }
         }
+        drop(handed_over);
         let answer = rx.await;
         // Until here the guard removes the entry if this future is dropped.
         pending.taken();

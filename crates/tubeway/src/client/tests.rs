@@ -979,15 +979,19 @@ fn a_blocking_clients_response_future_fails_when_the_connection_ends() {
     assert!(matches!(got, Err(Error::ConnectionClosed(_))), "{got:?}");
 }
 
-/// `send_then` hands each reply to its callback as it comes, and a call
-/// the connection's end cuts short gets that end.
+/// `send_then` hands each reply to its callback as it comes, not held up
+/// behind an earlier call still unanswered, and a call the connection's
+/// end cuts short gets that end.
 #[test]
 fn send_then_hands_every_reply_to_its_callback() {
+    let (go_on, answer_first) = tokio::sync::oneshot::channel::<()>();
     let (client, broker, served) = blocking_pair(ClientOptions::default(), |mut peer| async move {
         let first = peer.recv().await;
         let second = peer.recv().await;
-        // Answered out of order; the third call is never answered.
+        // The second is answered first; the first once its reply is in;
+        // the third never.
         peer.echo(&second).await;
+        answer_first.await.unwrap();
         peer.echo(&first).await;
         let _third = peer.recv().await;
     });
@@ -1000,10 +1004,9 @@ fn send_then_hands_every_reply_to_its_callback() {
             })
             .unwrap();
     }
-    let got: Vec<_> = (0..2)
-        .map(|_| rx.recv_timeout(STEP).unwrap().unwrap())
-        .collect();
-    assert_eq!(got, ["two", "one"]);
+    assert_eq!(rx.recv_timeout(STEP).unwrap().unwrap(), "two");
+    go_on.send(()).unwrap();
+    assert_eq!(rx.recv_timeout(STEP).unwrap().unwrap(), "one");
     broker.block_on(within(served)).unwrap();
     let last = rx.recv_timeout(STEP).unwrap();
     assert!(matches!(last, Err(Error::ConnectionClosed(_))), "{last:?}");
@@ -1048,47 +1051,83 @@ fn background_calls_from_one_thread_go_out_in_order() {
     assert_eq!(seen, made);
 }
 
-/// The tids of this process's threads named `name`.
-#[cfg(target_os = "linux")]
-fn threads_named(name: &str) -> Vec<String> {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|t| {
-            let tid = t.ok()?.file_name().into_string().ok()?;
-            let comm = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).ok()?;
-            (comm.trim() == name).then_some(tid)
-        })
-        .collect()
+/// A call whose request cannot be written at once (the write queue is
+/// full) goes to the background thread to wait for room; calls made after
+/// it by the same thread wait behind it, even one small enough to fit.
+#[test]
+fn a_call_waiting_for_room_is_not_overtaken() {
+    let (read_now, reading) = tokio::sync::oneshot::channel::<()>();
+    let (seen_tx, seen_rx) = std::sync::mpsc::channel();
+    let (client, broker, served) = blocking_pair(ClientOptions::default(), |mut peer| async move {
+        reading.await.unwrap();
+        for _ in 0..6 {
+            let m = peer.recv().await;
+            seen_tx.send(m.subject.clone().unwrap()).unwrap();
+            peer.answer(&m, ResponseStatus::Ok).await;
+        }
+    });
+    // Four of these fill most of the write queue; the fifth has no room.
+    let big = bytes::Bytes::from(vec![7u8; 1_000_000]);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let made = ["x0", "x1", "x2", "x3", "x4", "small"];
+    for name in made {
+        let payload = if name == "small" {
+            bytes::Bytes::new()
+        } else {
+            big.clone()
+        };
+        let done = done_tx.clone();
+        client
+            .send_then(
+                "f",
+                Message::binary(payload, None).with_subject(name),
+                move |r| {
+                    done.send(r.is_ok()).unwrap();
+                },
+            )
+            .unwrap();
+    }
+    read_now.send(()).unwrap();
+    assert!((0..made.len()).all(|_| done_rx.recv_timeout(STEP).unwrap()));
+    broker.block_on(within(served)).unwrap();
+    assert_eq!(seen_rx.try_iter().collect::<Vec<_>>(), made);
 }
 
-/// `send_async` calls waited for one after the other are driven by one
+/// Background calls waited for one after the other are driven by one
 /// background thread, which waits for the next call instead of ending
-/// with each (starting a thread costs more than a call).
+/// with each (starting a thread costs more than a call), and which ends
+/// at once when the client is dropped.
 #[cfg(target_os = "linux")]
 #[test]
-fn send_async_calls_in_a_row_share_one_background_thread() {
+fn background_calls_in_a_row_share_one_thread() {
     let (client, broker, served) = blocking_pair(ClientOptions::default(), |mut peer| async move {
         for _ in 0..5 {
             let m = peer.recv().await;
             peer.echo(&m).await;
         }
     });
+    // The callback runs on the background thread: it names it.
     let mut seen = Vec::new();
     for i in 0..5 {
-        let r = client.send_async("echo", Message::plain_text(i.to_string()));
-        assert_eq!(r.wait().unwrap().text_payload().unwrap(), i.to_string());
-        seen.push(threads_named("tubeway-client"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        client
+            .send_then("echo", Message::plain_text(i.to_string()), move |r| {
+                let this = std::path::Path::new("/proc")
+                    .join(std::fs::read_link("/proc/thread-self").unwrap());
+                tx.send((r.is_ok(), this)).unwrap();
+            })
+            .unwrap();
+        let (ok, thread) = rx.recv_timeout(STEP).unwrap();
+        assert!(ok);
+        seen.push(thread);
     }
     broker.block_on(within(served)).unwrap();
-    assert!(
-        seen.iter().all(|s| *s == seen[0] && s.len() == 1),
-        "{seen:?}"
-    );
+    assert!(seen.iter().all(|t| *t == seen[0]), "{seen:?}");
     // A client dropped while its thread waits for the next call ends that
     // thread at once, not a linger later.
     drop(client);
     let t0 = std::time::Instant::now();
-    while threads_named("tubeway-client").contains(&seen[0][0]) {
+    while seen[0].exists() {
         assert!(
             t0.elapsed() < Duration::from_millis(500),
             "the thread lingers"
