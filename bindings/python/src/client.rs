@@ -14,6 +14,7 @@ use pyo3::prelude::*;
 use tubeway::ops::QueueKind;
 use tubeway::{Client, ClientOptions, Message};
 
+use crate::inbox::PyLoopInbox;
 use crate::message::{to_message, PyMessage};
 use crate::runtime::{blocking, check_fork, drop_slot_detached, seconds, wait_strategy};
 use crate::subscription::{PySubscription, PyWorker};
@@ -198,6 +199,29 @@ impl PyClient {
             })
             .map_err(errors::to_py)?;
         Ok(future)
+    }
+
+    /// Calls `function`; the reply resolves `future`, an asyncio future of
+    /// the loop that `inbox` belongs to, on that loop (see `tubeway.aio`).
+    #[pyo3(signature = (function, message, inbox, future, timeout=None))]
+    fn _send_to_loop(
+        &self,
+        function: String,
+        message: &Bound<'_, PyAny>,
+        inbox: &PyLoopInbox,
+        future: Py<PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<()> {
+        let mut msg = to_message(message)?;
+        msg.timeout = Some(self.timeout_or_default(timeout)?);
+        let client = self.client()?;
+        let to = inbox.sender();
+        client
+            .send_then(&function, msg, move |reply| to.post(future, reply))
+            .map_err(|e| {
+                inbox.not_sent();
+                errors::to_py(e)
+            })
     }
 
     /// Calls `function` without a reply.

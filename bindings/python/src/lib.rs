@@ -11,6 +11,7 @@ mod client;
 mod errors;
 mod gil_jobs;
 mod handler;
+mod inbox;
 mod json;
 mod message;
 mod pyfuture;
@@ -31,6 +32,7 @@ fn _tubeway(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<subscription::PySubscription>()?;
     m.add_class::<subscription::PyWorker>()?;
     m.add_class::<queue::PyEndpoint>()?;
+    m.add_class::<inbox::PyLoopInbox>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // POSIX only; where there is no fork there is nothing to tell.
     if let Ok(register) = m.py().import("os")?.getattr("register_at_fork") {

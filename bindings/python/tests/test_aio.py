@@ -47,6 +47,83 @@ def test_client_operations(server: tubeway.Server) -> None:
     run(main())
 
 
+def test_replies_come_back_to_the_loop(server: tubeway.Server) -> None:
+    """``send`` resolves its future on the loop, straight from the reader:
+    many calls at once each get their own reply, an error reply raises, a
+    cancelled call leaves the others alone, and a closed client's loop stops
+    watching the inbox once its calls are over."""
+    release = threading.Event()
+    server.create_function("echo", lambda m: m)
+    server.create_function("held", lambda m: (release.wait(10), m)[1])
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        c = await tubeway.aio.connect(server.url, timeout=10)
+        texts = [f"m{i}" for i in range(500)]
+        replies = await asyncio.gather(*(c.send("echo", t) for t in texts))
+        assert [r.text for r in replies] == texts
+        inbox = c._inbox
+        assert inbox is not None and inbox.resolved == len(texts)
+        with pytest.raises(tubeway.NotFound):
+            await c.send("missing", "x")
+        held = c.send_async("held", "late")
+        cancelled = asyncio.ensure_future(c.send("held", "gone"))
+        await asyncio.sleep(0.05)
+        cancelled.cancel()
+        release.set()
+        assert (await held).text == "late"
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        assert (await c.send("echo", "after")).text == "after"
+        # A call in flight when the client closes ends with the connection.
+        release.clear()
+        stuck = c.send_async("held", "stuck")
+        await asyncio.sleep(0.05)
+        await c.close()
+        with pytest.raises(tubeway.ConnectionClosed):
+            await stuck
+        release.set()
+        await asyncio.sleep(0)
+        assert not loop.remove_reader(inbox.fileno()), "the loop still watches the inbox"
+
+    run(main())
+
+
+def test_an_unclosed_client_lets_go_of_the_loop(server: tubeway.Server) -> None:
+    """A client dropped without ``close`` stops the loop watching its inbox."""
+    server.create_function("echo", lambda m: m)
+
+    async def main() -> None:
+        import gc
+
+        loop = asyncio.get_running_loop()
+        c = await tubeway.aio.connect(server.url, timeout=10)
+        assert (await c.send("echo", "x")).text == "x"
+        inbox = c._inbox
+        assert inbox is not None
+        del c
+        gc.collect()
+        # The finalizer ran on this loop's thread: at once.
+        assert not loop.remove_reader(inbox.fileno()), "the loop still watches the inbox"
+
+    run(main())
+
+
+def test_a_client_used_on_another_loop_still_works(server: tubeway.Server) -> None:
+    server.create_function("echo", lambda m: m)
+
+    async def connect() -> tubeway.aio.Client:
+        return await tubeway.aio.connect(server.url, timeout=10)
+
+    c = run(connect())
+
+    async def use() -> None:
+        assert (await c.send("echo", "elsewhere")).text == "elsewhere"
+        await c.close()
+
+    run(use())
+
+
 def test_waiting_does_not_block_the_loop(server: tubeway.Server) -> None:
     async def main() -> int:
         ticks = 0

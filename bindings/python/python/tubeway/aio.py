@@ -1,10 +1,11 @@
 """Tubeway for asyncio: the blocking API's mirror, awaitable.
 
 Every operation runs the blocking call on a thread of a pool of this module's
-(the GIL released while it waits), so the event loop never blocks;
-``send`` uses the client's own future and needs no thread. Callbacks
-(subscribers, function handlers) run on the event loop; they may be
-coroutine functions.
+(the GIL released while it waits), so the event loop never blocks, except
+``send`` and ``send_async``: the event loop's thread writes the request
+itself, and the reply comes straight back to the loop, which resolves the
+call's future (no thread in between). Callbacks (subscribers, function
+handlers) run on the event loop; they may be coroutine functions.
 
     async with tubeway.aio.Client("tcp://127.0.0.1:33333") as client:
         reply = await client.send("echo", "hello")
@@ -16,6 +17,7 @@ import asyncio
 import concurrent.futures
 import functools
 import inspect
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 from . import _tubeway
@@ -49,6 +51,22 @@ def _on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[[Any], Any]) ->
     return call
 
 
+def _close_inbox(loop: asyncio.AbstractEventLoop, inbox: _tubeway._LoopInbox) -> None:
+    """The loop stops watching ``inbox`` once its futures are resolved; from
+    any thread (a finalizer's), as the loop's own calls must be made on it."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        inbox.close()
+        return
+    try:
+        loop.call_soon_threadsafe(inbox.close)
+    except RuntimeError:
+        pass  # the loop is closed, and watches nothing any more
+
+
 class Client:
     """A connection to a Tubeway broker for asyncio code; use ``async with``
     or ``await tubeway.aio.connect(...)``. The methods are those of
@@ -59,11 +77,20 @@ class Client:
         self._timeout = timeout
         self._options = options
         self._client: Optional[_tubeway.Client] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._inbox: Optional[_tubeway._LoopInbox] = None
+        self._release_inbox: Callable[[], Any] = lambda: None
 
     async def connect(self) -> "Client":
         """Connects (``async with`` does it)."""
         if self._client is None:
             self._client = await _run(_tubeway.Client, self._url, self._timeout, **self._options)
+            # Replies to ``send`` come back to this loop through its inbox.
+            loop = asyncio.get_running_loop()
+            inbox = _tubeway._LoopInbox(loop)
+            loop.add_reader(inbox.fileno(), inbox.drain)
+            self._loop, self._inbox = loop, inbox
+            self._release_inbox = weakref.finalize(self, _close_inbox, loop, inbox)
         return self
 
     @property
@@ -80,6 +107,7 @@ class Client:
     async def close(self) -> None:
         if self._client is not None:
             await _run(self._client.close)
+            self._release_inbox()
 
     async def __aenter__(self) -> "Client":
         return await self.connect()
@@ -88,11 +116,18 @@ class Client:
         await self.close()
 
     async def send(self, function: str, message: Any, timeout: Optional[float] = None) -> _tubeway.Message:
-        return await asyncio.wrap_future(self.blocking.send_async(function, message, timeout))
+        return await self.send_async(function, message, timeout)
 
     def send_async(self, function: str, message: Any, timeout: Optional[float] = None) -> "asyncio.Future[_tubeway.Message]":
         """Starts a call; await the returned future for the reply."""
-        return asyncio.wrap_future(self.blocking.send_async(function, message, timeout))
+        client = self.blocking
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop or self._inbox is None:
+            # Another loop than the one connected on: by way of a thread.
+            return asyncio.wrap_future(client.send_async(function, message, timeout))
+        future = loop.create_future()
+        client._send_to_loop(function, message, self._inbox, future, timeout)
+        return future
 
     async def send_oneway(self, function: str, message: Any) -> None:
         await _run(self.blocking.send_oneway, function, message)

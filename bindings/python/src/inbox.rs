@@ -1,0 +1,163 @@
+//! Replies handed straight to an asyncio event loop.
+//!
+//! `tubeway.aio` awaits a call on an asyncio future that the thread reading
+//! the connection cannot resolve itself: it must not wait for the GIL, and
+//! an asyncio future belongs to its loop's thread. So the reader puts the
+//! reply in the loop's inbox and, when the inbox was empty, writes a byte to
+//! a socket the loop watches (`loop.add_reader`); the loop's thread then
+//! resolves every future whose reply is in, in one go. One wake-up of the
+//! loop per batch of replies, no thread of Python's in between (the way of
+//! `concurrent.futures` and `call_soon_threadsafe` costs a hand-off to the
+//! thread that resolves futures, then one to the loop, for every call).
+
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use pyo3::prelude::*;
+use tubeway::Message;
+
+use crate::message::PyMessage;
+use crate::{errors, pyfuture};
+
+/// Replies waiting for the loop, and how it is woken.
+#[derive(Debug)]
+pub struct Shared {
+    ready: Mutex<Ready>,
+    /// The writing end of the loop's wake-up socket.
+    bell: UnixStream,
+}
+
+/// A reply for the future it resolves.
+type Ready = Vec<(Py<PyAny>, tubeway::Result<Message>)>;
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Ready> {
+        self.ready.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Hands `reply` to the loop for `future`, from any thread, without the GIL.
+    pub fn post(&self, future: Py<PyAny>, reply: tubeway::Result<Message>) {
+        let first = {
+            let mut ready = self.lock();
+            ready.push((future, reply));
+            ready.len() == 1
+        };
+        if first {
+            // Full means bytes are there already: the loop wakes anyway.
+            let _ = (&self.bell).write(&[1]);
+        }
+    }
+}
+
+/// An event loop's inbox of replies (see the module's doc).
+#[pyclass(name = "_LoopInbox", module = "tubeway", frozen)]
+#[derive(Debug)]
+pub struct PyLoopInbox {
+    shared: Arc<Shared>,
+    /// The end the loop watches.
+    wake: UnixStream,
+    /// Futures handed out and not yet resolved.
+    in_flight: AtomicUsize,
+    /// Replies handed to futures so far.
+    resolved: AtomicUsize,
+    /// Its client is closed: the loop stops watching once nothing is in flight.
+    closing: AtomicBool,
+    /// The loop, and whether it still watches.
+    event_loop: Py<PyAny>,
+    watched: AtomicBool,
+}
+
+impl PyLoopInbox {
+    /// What the reading thread posts replies to; counts one more in flight.
+    pub fn sender(&self) -> Arc<Shared> {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.shared.clone()
+    }
+
+    /// A call that could not start after [`sender`](Self::sender).
+    pub fn not_sent(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn unwatch_when_done(&self, py: Python<'_>) -> PyResult<()> {
+        if self.closing.load(Ordering::Relaxed)
+            && self.in_flight.load(Ordering::Relaxed) == 0
+            && self.watched.swap(false, Ordering::Relaxed)
+        {
+            self.event_loop
+                .bind(py)
+                .call_method1("remove_reader", (self.wake.as_raw_fd(),))?;
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl PyLoopInbox {
+    /// An inbox of `event_loop`, which must watch [`fileno`](Self::fileno)
+    /// with [`drain`](Self::drain) from now on (`loop.add_reader`).
+    #[new]
+    fn new(event_loop: Py<PyAny>) -> PyResult<Self> {
+        let (wake, bell) = UnixStream::pair()?;
+        wake.set_nonblocking(true)?;
+        bell.set_nonblocking(true)?;
+        Ok(PyLoopInbox {
+            shared: Arc::new(Shared {
+                ready: Mutex::new(Vec::new()),
+                bell,
+            }),
+            wake,
+            in_flight: AtomicUsize::new(0),
+            resolved: AtomicUsize::new(0),
+            closing: AtomicBool::new(false),
+            event_loop,
+            watched: AtomicBool::new(true),
+        })
+    }
+
+    /// How many replies came back through this inbox.
+    #[getter]
+    fn resolved(&self) -> usize {
+        self.resolved.load(Ordering::Relaxed)
+    }
+
+    /// The socket the loop watches.
+    fn fileno(&self) -> i32 {
+        self.wake.as_raw_fd()
+    }
+
+    /// Run by the loop when its socket is readable: resolves every future
+    /// whose reply is in (a future cancelled meanwhile is left as it is).
+    fn drain(&self, py: Python<'_>) -> PyResult<()> {
+        // The bell first: a reply posted after this rings it again.
+        let mut bytes = [0u8; 64];
+        loop {
+            match (&self.wake).read(&mut bytes) {
+                Ok(0) => break,
+                Ok(_) => continue,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        let ready = std::mem::take(&mut *self.shared.lock());
+        self.in_flight.fetch_sub(ready.len(), Ordering::Relaxed);
+        self.resolved.fetch_add(ready.len(), Ordering::Relaxed);
+        for (future, reply) in ready {
+            let result = reply
+                .map_err(errors::to_py)
+                .and_then(|m| Ok(Py::new(py, PyMessage::new(m))?.into_any()));
+            pyfuture::resolve(py, &future, result);
+        }
+        self.unwatch_when_done(py)
+    }
+
+    /// Its client is closed: the loop stops watching once every future
+    /// handed out is resolved (each ends, if only with the connection).
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.closing.store(true, Ordering::Relaxed);
+        self.unwatch_when_done(py)
+    }
+}
