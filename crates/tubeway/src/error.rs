@@ -68,8 +68,9 @@ pub enum Error {
     #[error(transparent)]
     Payload(#[from] PayloadError),
     /// A blocking call's wait was cut short by its thread's interrupt check
-    /// (see [`crate::blocking::interruptible`]); what it waited for is
-    /// abandoned, as on a timeout.
+    /// (see [`crate::blocking::interruptible`]), or a background poll was
+    /// withdrawn (see [`crate::blocking::PollHandle::withdraw`]); what it
+    /// waited for is abandoned, as on a timeout.
     #[error("interrupted while waiting")]
     Interrupted,
     /// The blocking API was called where it cannot block (inside an async

@@ -30,6 +30,7 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
@@ -923,8 +924,8 @@ impl Client {
     pub fn send_async(&self, function: &str, msg: Message) -> ResponseFuture {
         // The request is written from this thread (see `AsyncClient::launch`);
         // the background thread has only the answer to read.
-        let launched = self.inner.launch(function, msg);
-        match launched.and_then(|call| self.exec.spawn(call.finish())) {
+        let launched = self.inner.launch_call(function, msg);
+        match launched.and_then(|call| self.exec.spawn(call.reply())) {
             Ok((task, duty)) => ResponseFuture {
                 task: Ok(task),
                 exec: self.exec.clone(),
@@ -954,16 +955,60 @@ impl Client {
         let duty = self.exec.duty()?;
         // Written from this thread, as by `send_async`; a call that cannot
         // start still ends in `then`, on the background thread.
-        let launched = self.inner.launch(function, msg);
+        let launched = self.inner.launch_call(function, msg);
         let call = async move {
             let _duty = duty;
             then(match launched {
-                Ok(call) => call.finish().await,
+                Ok(call) => call.reply().await,
                 Err(e) => Err(e),
             });
         };
         drop(self.exec.runtime()?.spawn(call));
         Ok(())
+    }
+
+    /// Polls `queue` in the background, waiting up to `timeout` for a
+    /// message: `then` gets the result on the background thread (it must
+    /// not block), `None` if the queue stayed empty. The returned handle
+    /// withdraws the poll. No message is lost on the way: one the broker
+    /// had taken for a poll withdrawn meanwhile, or one `then` got but
+    /// dropped (see [`Polled`]), goes back to its queue. Fails only if the
+    /// background cannot start.
+    pub fn poll_then<F>(&self, queue: &str, timeout: Duration, then: F) -> Result<PollHandle>
+    where
+        F: FnOnce(Result<Option<Polled>>) + Send + 'static,
+    {
+        let duty = self.exec.duty()?;
+        let launched = self.inner.launch(super::poll_request(queue, timeout));
+        let conn = self.inner.conn_arc();
+        let handle = PollHandle {
+            id: launched.as_ref().ok().and_then(super::Launched::id),
+            conn: conn.clone(),
+            withdrawn: Arc::new(AtomicBool::new(false)),
+        };
+        let (withdrawn, queue) = (handle.withdrawn.clone(), queue.to_owned());
+        let call = async move {
+            let _duty = duty;
+            let answer = match launched {
+                Ok(call) => call.finish().await.and_then(super::polled),
+                Err(e) => Err(e),
+            };
+            let answer = answer.map(|m| {
+                m.map(|message| Polled {
+                    message: Some(message),
+                    queue,
+                    conn,
+                })
+            });
+            // Withdrawn, the poll still waits for the broker's answer to
+            // it: a message in it goes back (as `Polled` drops).
+            then(match answer {
+                Ok(_) if withdrawn.load(Ordering::Acquire) => Err(Error::Interrupted),
+                answer => answer,
+            });
+        };
+        drop(self.exec.runtime()?.spawn(call));
+        Ok(handle)
     }
 
     /// Calls `function` without waiting for, or getting, a response.
@@ -1154,6 +1199,63 @@ impl Future for ResponseFuture {
             Err(e) => Poll::Ready(Err(e
                 .take()
                 .unwrap_or_else(|| Error::Runtime("response already taken".into())))),
+        }
+    }
+}
+
+/// A message polled by [`Client::poll_then`]. Take it with
+/// [`into_message`](Polled::into_message); dropped untaken (its receiver
+/// had gone, say), it goes back to the end of its queue.
+#[derive(Debug)]
+pub struct Polled {
+    message: Option<Message>,
+    queue: String,
+    conn: Arc<Conn>,
+}
+
+impl Polled {
+    /// The message.
+    pub fn message(&self) -> &Message {
+        self.message
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("taken only by into_message"))
+    }
+
+    /// Takes the message: it is this receiver's now.
+    pub fn into_message(mut self) -> Message {
+        self.message
+            .take()
+            .unwrap_or_else(|| unreachable!("taken only once"))
+    }
+}
+
+impl Drop for Polled {
+    fn drop(&mut self) {
+        if let Some(m) = self.message.take() {
+            self.conn.offer_back_now(m, std::mem::take(&mut self.queue));
+        }
+    }
+}
+
+/// Withdraws a poll started by [`Client::poll_then`].
+#[derive(Debug)]
+pub struct PollHandle {
+    id: Option<Uuid>,
+    conn: Arc<Conn>,
+    withdrawn: Arc<AtomicBool>,
+}
+
+impl PollHandle {
+    /// Withdraws the poll unless its result is in already: the broker
+    /// ends its wait at once (if it understands `cancel`, else at the
+    /// poll's timeout), a message it had taken for the poll meanwhile
+    /// goes back to its queue, and the callback gets
+    /// [`Error::Interrupted`].
+    pub fn withdraw(&self) {
+        if !self.withdrawn.swap(true, Ordering::AcqRel) {
+            if let Some(id) = self.id {
+                self.conn.withdraw(id);
+            }
         }
     }
 }

@@ -593,6 +593,25 @@ impl Conn {
     /// Offers back a message the broker took for a poll its caller had
     /// given up on: it goes to the end of its queue, not to waste.
     async fn offer_back(&self, polled: Message, queue: String) {
+        if let Some(frame) = self.offer_back_frame(polled, queue) {
+            let _ = self.send_frame(frame).await;
+        }
+    }
+
+    /// [`offer_back`](Self::offer_back) without waiting, for a drop path:
+    /// the write queue has room for it but in the rarest of cases.
+    pub(crate) fn offer_back_now(&self, polled: Message, queue: String) {
+        let what = format!("a message polled from {queue:?}");
+        if let Some(frame) = self.offer_back_frame(polled, queue) {
+            if !self.try_send_frame(frame) {
+                tracing::error!(
+                    "{what} could not be offered back: the write queue is full or closed"
+                );
+            }
+        }
+    }
+
+    fn offer_back_frame(&self, polled: Message, queue: String) -> Option<EncodedFrame> {
         tracing::warn!(
             "a poll on {queue:?} was answered after its caller gave up; offering its message back"
         );
@@ -605,9 +624,7 @@ impl Conn {
         back.oneway = true;
         // The broker waits this long for room in a full queue.
         back.timeout = Some(Duration::from_secs(30));
-        if let Ok(frame) = self.encode(&back) {
-            let _ = self.send_frame(frame).await;
-        }
+        self.encode(&back).ok()
     }
 
     /// Answers message `to` with `status` and an optional text reason.
@@ -876,12 +893,25 @@ impl Conn {
             }
         };
         if withdraw {
-            let mut cancel = Message::new(MessageType::Cancel);
-            cancel.correlation_id = Some(id);
-            cancel.oneway = true;
-            if let Ok(frame) = self.encode(&cancel) {
-                self.try_send_frame(frame);
-            }
+            self.send_cancel(id);
+        }
+    }
+
+    /// Asks the broker to end the wait of request `id` at once, if it
+    /// understands `cancel`; it then answers the request as if its wait had
+    /// timed out (or with the message it had already taken for it).
+    pub(crate) fn withdraw(&self, id: Uuid) {
+        if self.can_cancel.load(Ordering::Relaxed) {
+            self.send_cancel(id);
+        }
+    }
+
+    fn send_cancel(&self, id: Uuid) {
+        let mut cancel = Message::new(MessageType::Cancel);
+        cancel.correlation_id = Some(id);
+        cancel.oneway = true;
+        if let Ok(frame) = self.encode(&cancel) {
+            self.try_send_frame(frame);
         }
     }
 

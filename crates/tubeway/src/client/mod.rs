@@ -20,7 +20,7 @@ mod connection;
 mod subscription;
 mod worker;
 
-use connection::{Conn, HandedOver};
+use connection::{poll_queue, Conn, HandedOver};
 pub use subscription::{Subscription, SubscriptionHandle};
 pub use worker::{HandlerError, Worker};
 
@@ -266,13 +266,12 @@ impl AsyncClient {
     ) -> Result<Started<'_>> {
         let conn = self.conn();
         let (rx, pipelined, swept) = conn.register_pending_until(&mut msg, deadline)?;
-        // Removes the entry however this call ends: answered, timed out, or cancelled.
-        let pending = PendingGuard { conn, id: msg.id };
+        let queue = poll_queue(&msg);
+        let pending = PendingGuard::new(conn, msg.id, rx, queue);
         let frame = conn.encode_owned(msg)?;
         Ok(Started {
             pending,
             frame: Some(frame),
-            rx,
             pipelined,
             swept: deadline.filter(|_| swept),
             handed_over: None,
@@ -289,31 +288,28 @@ impl AsyncClient {
         unsent: Option<EncodedFrame>,
     ) -> Result<Started<'_>> {
         let conn = self.conn();
-        let rx = conn.register_sent(id, poll_queue)?;
+        let rx = conn.register_sent(id, poll_queue.clone())?;
         Ok(Started {
-            pending: PendingGuard { conn, id },
+            pending: PendingGuard::new(conn, id, rx, poll_queue),
             frame: unsent,
-            rx,
             pipelined: false,
             swept: None,
             handed_over: None,
         })
     }
 
-    /// Starts a call of `function` for a task to finish (see [`Launched`]),
-    /// from the thread that makes it: registered, and its request written
-    /// right here unless that would wait for room, or a call launched
-    /// earlier has yet to write its own. Requests thus leave in the order
-    /// their calls were made, and the task has only the answer to wait for.
-    pub(crate) fn launch(&self, function: &str, msg: Message) -> Result<Launched> {
-        let timeout = self.call_timeout(&msg);
-        let msg = function_call(function, msg, timeout);
+    /// Starts a request for a task to finish (see [`Launched`]), from the
+    /// thread that makes it: registered, and written right here unless that
+    /// would wait for room, or a request launched earlier has yet to be
+    /// written. Requests thus leave in the order they were made, and the
+    /// task has only the answer to wait for. Waits as
+    /// [`request`](Self::request) does.
+    pub(crate) fn launch(&self, msg: Message) -> Result<Launched> {
         let wait = self.wait_for(msg.timeout);
         let deadline = tokio::time::Instant::now().checked_add(wait);
         let Started {
             pending,
             frame,
-            rx,
             pipelined,
             swept,
             handed_over: _,
@@ -326,20 +322,24 @@ impl AsyncClient {
         let handed_over = unsent
             .as_ref()
             .map(|_| Box::new(self.conn_arc().hand_over()));
-        let id = pending.id;
-        pending.taken();
         Ok(Launched {
             client: self.clone(),
             call: Some(LaunchedCall {
-                id,
+                answer: pending.into_parts(),
                 frame: unsent,
-                rx,
                 pipelined,
                 swept,
                 handed_over,
                 wait,
             }),
         })
+    }
+
+    /// [`launch`](Self::launch) of a call of `function`, made as
+    /// [`send`](Self::send) makes it.
+    pub(crate) fn launch_call(&self, function: &str, msg: Message) -> Result<Launched> {
+        let timeout = self.call_timeout(&msg);
+        self.launch(function_call(function, msg, timeout))
     }
 
     /// Sends any message with `oneway` set; returns once it is queued for writing.
@@ -485,13 +485,7 @@ impl AsyncClient {
     /// offered with (id, subject, request_id, reply_to, payload, ...); its
     /// type is `response`.
     pub async fn poll(&self, queue: &str, timeout: Duration) -> Result<Option<Message>> {
-        let msg = op(MessageType::Poll, queue).with_timeout(timeout);
-        let response = self.request(msg).await?;
-        match response.status() {
-            ResponseStatus::Ok => Ok(Some(response)),
-            ResponseStatus::QueueEmpty => Ok(None),
-            _ => Err(Error::from_response(&response)),
-        }
+        polled(self.request(poll_request(queue, timeout)).await?)
     }
 
     /// Creates `name` holding at most `capacity` messages; `conflict` if it
@@ -654,9 +648,8 @@ pub(crate) struct Launched {
 }
 
 struct LaunchedCall {
-    id: uuid::Uuid,
+    answer: Option<AnswerParts>,
     frame: Option<EncodedFrame>,
-    rx: oneshot::Receiver<Box<Message>>,
     pipelined: bool,
     swept: Option<tokio::time::Instant>,
     handed_over: Option<Box<HandedOver>>,
@@ -664,52 +657,116 @@ struct LaunchedCall {
 }
 
 impl Launched {
-    /// Writes the request if the launching thread could not, waits for
-    /// the answer and returns it as [`AsyncClient::send`] does.
+    /// The request's id.
+    pub(crate) fn id(&self) -> Option<uuid::Uuid> {
+        Some(self.call.as_ref()?.answer.as_ref()?.id)
+    }
+
+    /// Writes the request if the launching thread could not, and returns
+    /// its response, whatever its status.
     pub(crate) async fn finish(mut self) -> Result<Message> {
         let Some(call) = self.call.take() else {
             unreachable!("a launched call is finished once")
         };
-        let conn = self.client.conn();
         let started = Started {
-            pending: PendingGuard { conn, id: call.id },
+            pending: PendingGuard::from_parts(self.client.conn(), call.answer),
             frame: call.frame,
-            rx: call.rx,
             pipelined: call.pipelined,
             swept: call.swept,
             handed_over: call.handed_over,
         };
-        ok_response(started.finish(call.wait).await?)
+        started.finish(call.wait).await
+    }
+
+    /// [`finish`](Self::finish) of a function call: its reply, or its
+    /// error status as [`Error::Status`].
+    pub(crate) async fn reply(self) -> Result<Message> {
+        ok_response(self.finish().await?)
     }
 }
 
 impl Drop for Launched {
-    /// A task dropped before it ran (its runtime shut down) ends its call.
+    /// A task dropped before it ran (aborted, or its runtime shut down)
+    /// ends its call as any call given up.
     fn drop(&mut self) {
         if let Some(call) = self.call.take() {
-            self.client.conn().remove_pending(call.id);
+            drop(PendingGuard::from_parts(self.client.conn(), call.answer));
         }
     }
 }
 
-/// Removes a pending call's entry when the call ends, however it ends.
+/// A call's entry, and the end its answer comes through. Dropped before the
+/// call took its answer (it timed out, was cancelled, its task dropped), it
+/// removes the entry, which withdraws a poll the broker has yet to answer,
+/// and offers back to its queue a message the reader had already handed
+/// over for a poll: a caller that gives up loses no message.
 struct PendingGuard<'a> {
     conn: &'a Conn,
-    id: uuid::Uuid,
+    /// None once disarmed.
+    answer: Option<AnswerParts>,
 }
 
-impl PendingGuard<'_> {
-    /// Forgets the entry without removing it: for a call whose receiver
-    /// has completed, since whoever completed it (the reader with the
-    /// response, `close` with every entry) took the entry first.
-    fn taken(self) {
-        std::mem::forget(self);
+/// What a [`PendingGuard`] holds besides the connection.
+struct AnswerParts {
+    id: uuid::Uuid,
+    rx: oneshot::Receiver<Box<Message>>,
+    /// A poll's queue, where an answer left untaken goes back.
+    poll_queue: Option<Box<str>>,
+}
+
+impl<'a> PendingGuard<'a> {
+    fn new(
+        conn: &'a Conn,
+        id: uuid::Uuid,
+        rx: oneshot::Receiver<Box<Message>>,
+        poll_queue: Option<String>,
+    ) -> Self {
+        let poll_queue = poll_queue.map(String::into_boxed_str);
+        Self::from_parts(conn, Some(AnswerParts { id, rx, poll_queue }))
+    }
+
+    fn from_parts(conn: &'a Conn, answer: Option<AnswerParts>) -> Self {
+        PendingGuard { conn, answer }
+    }
+
+    /// What it holds, disarmed, for a guard made again elsewhere (a call
+    /// moved into a task).
+    fn into_parts(mut self) -> Option<AnswerParts> {
+        self.answer.take()
+    }
+
+    /// Waits for the answer: an error once the connection ends, or once
+    /// the sweeper fails the call.
+    async fn answer(&mut self) -> std::result::Result<Box<Message>, RecvError> {
+        match self.answer.as_mut() {
+            Some(a) => (&mut a.rx).await,
+            None => unreachable!("a disarmed guard waits for nothing"),
+        }
+    }
+
+    /// Disarms the guard of a call whose receiver has completed, since
+    /// whoever completed it (the reader with the response, `close` with
+    /// every entry) took the entry first.
+    fn disarm(&mut self) {
+        self.answer = None;
     }
 }
 
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
-        self.conn.remove_pending(self.id);
+        let Some(mut answer) = self.answer.take() else {
+            return;
+        };
+        self.conn.remove_pending(answer.id);
+        // The entry gone, the reader can hand over nothing more; what it
+        // handed over before the caller gave up is in the channel.
+        if let Some(queue) = answer.poll_queue {
+            if let Ok(polled) = answer.rx.try_recv() {
+                if polled.status().is_ok() {
+                    self.conn.offer_back_now(*polled, queue.into());
+                }
+            }
+        }
     }
 }
 
@@ -718,7 +775,6 @@ pub(crate) struct Started<'a> {
     pending: PendingGuard<'a>,
     /// The request, unless it was written already.
     frame: Option<EncodedFrame>,
-    rx: oneshot::Receiver<Box<Message>>,
     pipelined: bool,
     /// The deadline the connection's sweeper fails the call at, if it does.
     swept: Option<tokio::time::Instant>,
@@ -727,7 +783,7 @@ pub(crate) struct Started<'a> {
     handed_over: Option<Box<HandedOver>>,
 }
 
-impl Started<'_> {
+impl<'a> Started<'a> {
     /// Writes the request and waits at most `timeout` for its response.
     pub(crate) async fn finish(self, timeout: Duration) -> Result<Message> {
         let timed_out = || Error::Timeout(timeout);
@@ -749,40 +805,35 @@ impl Started<'_> {
 
     /// Writes the request and waits for its response, for as long as the
     /// caller lets this future run.
-    pub(crate) async fn exchange(self) -> Result<Box<Message>> {
-        let (conn, answer) = self.send_and_wait(None).await?;
-        answer.map_err(|_| conn.closed_error())
+    pub(crate) fn exchange(self) -> impl Future<Output = Result<Box<Message>>> + Send + 'a {
+        // A combinator, not an async fn, which would hold a second copy of
+        // the call beside the one `send_and_wait` holds.
+        futures::FutureExt::map(self.send_and_wait(None), |sent| {
+            let (conn, answer) = sent?;
+            answer.map_err(|_| conn.closed_error())
+        })
     }
 
     /// Writes the request, giving up at `deadline` (and failing with a
     /// timeout of the duration beside it) if it has to wait for room, and
     /// waits for the call's channel, which closes unanswered when the
     /// connection ends or, for a call the sweeper watches, at its deadline.
-    async fn send_and_wait<'a>(
-        self,
+    /// Uses the call's fields in place: moved out, they would take room in
+    /// the future twice.
+    async fn send_and_wait(
+        mut self,
         deadline: Option<(tokio::time::Instant, Duration)>,
-    ) -> Result<(&'a Conn, std::result::Result<Box<Message>, RecvError>)>
-    where
-        Self: 'a,
-    {
-        let Started {
-            pending,
-            frame,
-            rx,
-            pipelined,
-            mut handed_over,
-            ..
-        } = self;
-        let conn = pending.conn;
-        if let Some(frame) = frame {
-            if let Some(line) = handed_over.as_mut() {
+    ) -> Result<(&'a Conn, std::result::Result<Box<Message>, RecvError>)> {
+        let conn = self.pending.conn;
+        if let Some(frame) = self.frame.take() {
+            if let Some(line) = self.handed_over.as_mut() {
                 // Boxed: a rare wait, kept out of the size of every call's future.
                 let until = deadline.map(|(at, _)| at);
                 if !Box::pin(line.my_turn(until)).await {
                     return Err(Error::Timeout(deadline.map_or(Duration::ZERO, |(_, t)| t)));
                 }
             }
-            let mut send = std::pin::pin!(conn.send_frame_as(frame, pipelined));
+            let mut send = std::pin::pin!(conn.send_frame_as(frame, self.pipelined));
             // Most sends are done at once; only one that waits for room
             // needs a timer, which the sweeper does not stand in for.
             let first = std::future::poll_fn(|cx| Poll::Ready(send.as_mut().poll(cx))).await;
@@ -804,10 +855,10 @@ impl Started<'_> {
                 }
             }
         }
-        drop(handed_over);
-        let answer = rx.await;
+        self.handed_over = None;
+        let answer = self.pending.answer().await;
         // Until here the guard removes the entry if this future is dropped.
-        pending.taken();
+        self.pending.disarm();
         Ok((conn, answer))
     }
 }
@@ -819,6 +870,20 @@ pub(crate) fn function_call(function: &str, mut msg: Message, timeout: Duration)
     msg.destination = Some(function.to_owned());
     msg.timeout = Some(timeout);
     msg
+}
+
+/// A poll of `queue` that the broker answers `queue_empty` after `timeout`.
+pub(crate) fn poll_request(queue: &str, timeout: Duration) -> Message {
+    op(MessageType::Poll, queue).with_timeout(timeout)
+}
+
+/// The answer to a poll: its message, or none if the queue stayed empty.
+pub(crate) fn polled(response: Message) -> Result<Option<Message>> {
+    match response.status() {
+        ResponseStatus::Ok => Ok(Some(response)),
+        ResponseStatus::QueueEmpty => Ok(None),
+        _ => Err(Error::from_response(&response)),
+    }
 }
 
 /// A response, or its error status as [`Error::Status`].

@@ -1322,6 +1322,100 @@ async fn a_poll_answer_whose_caller_left_after_its_entry_was_taken_is_offered_ba
     assert_eq!(conn.pending_len(), 0);
 }
 
+/// The reader may hand a poll's answer over just before its caller gives
+/// up: left in the channel, untaken, the message is offered back.
+#[tokio::test]
+async fn a_poll_answer_handed_over_but_never_taken_is_offered_back() {
+    let (client, mut peer) = pair().await;
+    let conn = client.conn_arc();
+    let poll = Message::new(MessageType::Poll).with_destination("jobs");
+    let mut exchange = Box::pin(client.start(poll).unwrap().exchange());
+    assert!(futures::poll!(exchange.as_mut()).is_pending());
+    let req = peer.recv().await;
+    let answer =
+        req.response(ResponseStatus::Ok)
+            .with_text("job 1", tubeway_proto::MIME_TEXT, "utf-8");
+    assert!(conn.answer_waiting_call(Box::new(answer)).is_none());
+    drop(exchange);
+    let back = peer.recv().await;
+    assert_eq!(back.r#type, MessageType::Offer);
+    assert_eq!(back.destination.as_deref(), Some("jobs"));
+    assert_eq!(back.text_payload().unwrap(), "job 1");
+    assert_eq!(conn.pending_len(), 0);
+}
+
+/// `poll_then` hands a polled message to its callback; a message the
+/// callback drops untaken, or one the broker answers a withdrawn poll
+/// with, goes back to its queue, and a withdrawn poll's callback learns it
+/// was interrupted.
+#[test]
+fn a_background_poll_loses_no_message() {
+    let (withdrawn_tx, withdrawn) = tokio::sync::oneshot::channel::<()>();
+    let (client, broker, served) = blocking_pair(ClientOptions::default(), |mut peer| async move {
+        let job = |req: &Message, text: &str| {
+            req.response(ResponseStatus::Ok)
+                .with_text(text, tubeway_proto::MIME_TEXT, "utf-8")
+        };
+        // Taken by its callback.
+        let first = peer.recv().await;
+        peer.send(&job(&first, "job 1")).await;
+        // Dropped by its callback: offered back.
+        let second = peer.recv().await;
+        peer.send(&job(&second, "job 2")).await;
+        let back = peer.recv().await;
+        assert_eq!(
+            (back.r#type, back.text_payload().unwrap().as_ref()),
+            (MessageType::Offer, "job 2")
+        );
+        // Answered only once withdrawn: offered back.
+        let third = peer.recv().await;
+        withdrawn.await.unwrap();
+        peer.send(&job(&third, "job 3")).await;
+        let back = peer.recv().await;
+        assert_eq!(
+            (back.r#type, back.text_payload().unwrap().as_ref()),
+            (MessageType::Offer, "job 3")
+        );
+        assert_eq!(back.destination.as_deref(), Some("jobs"));
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    let poll = |keep: bool| {
+        let tx = tx.clone();
+        client
+            .poll_then("jobs", Duration::from_secs(5), move |r| {
+                let got = r.map(|p| {
+                    p.map(|p| {
+                        let text = p.message().text_payload().unwrap().into_owned();
+                        if keep {
+                            drop(p.into_message());
+                        }
+                        text
+                    })
+                });
+                tx.send(got).unwrap();
+            })
+            .unwrap()
+    };
+    poll(true);
+    assert_eq!(
+        rx.recv_timeout(STEP).unwrap().unwrap().as_deref(),
+        Some("job 1")
+    );
+    poll(false);
+    assert_eq!(
+        rx.recv_timeout(STEP).unwrap().unwrap().as_deref(),
+        Some("job 2")
+    );
+    // This broker does not understand `cancel`: the withdrawn poll waits
+    // for its answer all the same.
+    let third = poll(true);
+    third.withdraw();
+    withdrawn_tx.send(()).unwrap();
+    let got = rx.recv_timeout(STEP).unwrap();
+    assert!(matches!(got, Err(Error::Interrupted)), "{got:?}");
+    broker.block_on(within(served)).unwrap();
+}
+
 /// A fake broker on a runtime of its own, for a blocking client on the
 /// test thread: `serve` gets the welcomed peer.
 fn blocking_pair<F, Fut>(
