@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use tubeway::ops::QueueKind;
 use tubeway::{Client, ClientOptions, Message};
 
-use crate::inbox::PyLoopInbox;
+use crate::inbox::{PyLoopInbox, Reply};
 use crate::message::{to_message, PyMessage};
 use crate::runtime::{blocking, check_fork, drop_slot_detached, seconds, wait_strategy};
 use crate::subscription::{PySubscription, PyWorker};
@@ -61,6 +61,21 @@ impl PyClient {
 
     fn timeout_or_default(&self, timeout: Option<f64>) -> PyResult<Duration> {
         Ok(seconds(timeout)?.unwrap_or(self.timeout))
+    }
+}
+
+/// Withdraws a poll of `tubeway.aio` (see `Client._poll_to_loop`).
+#[pyclass(name = "_PollHandle", module = "tubeway", frozen)]
+#[derive(Debug)]
+pub struct PyPollHandle {
+    handle: tubeway::blocking::PollHandle,
+}
+
+#[pymethods]
+impl PyPollHandle {
+    /// Withdraws the poll unless its result is in already.
+    fn withdraw(&self) {
+        self.handle.withdraw();
     }
 }
 
@@ -217,7 +232,9 @@ impl PyClient {
         let client = self.client()?;
         let to = inbox.sender();
         client
-            .send_then(&function, msg, move |reply| to.post(future, reply))
+            .send_then(&function, msg, move |reply| {
+                to.post(future, Reply::Call(reply));
+            })
             .map_err(|e| {
                 inbox.not_sent();
                 errors::to_py(e)
@@ -290,9 +307,33 @@ impl PyClient {
     fn poll(&self, py: Python<'_>, queue: String, timeout: f64) -> PyResult<PyMessage> {
         let timeout = seconds(Some(timeout))?.unwrap_or_default();
         let got = self.run(py, |c| c.poll(&queue, timeout))?;
-        got.map(PyMessage::new).ok_or_else(|| {
-            errors::status_error(tubeway::ResponseStatus::QueueEmpty, "no message in time")
-        })
+        got.map(PyMessage::new).ok_or_else(errors::queue_empty)
+    }
+
+    /// Polls `queue`; the result resolves `future`, an asyncio future of the
+    /// loop that `inbox` belongs to, on that loop (see `tubeway.aio`). The
+    /// returned handle withdraws the poll: a message the broker had taken for
+    /// it goes back to its queue, as does one whose future was cancelled.
+    #[pyo3(signature = (queue, timeout, inbox, future))]
+    fn _poll_to_loop(
+        &self,
+        queue: String,
+        timeout: f64,
+        inbox: &PyLoopInbox,
+        future: Py<PyAny>,
+    ) -> PyResult<PyPollHandle> {
+        let timeout = seconds(Some(timeout))?.unwrap_or_default();
+        let client = self.client()?;
+        let to = inbox.sender();
+        client
+            .poll_then(&queue, timeout, move |polled| {
+                to.post(future, Reply::Poll(polled));
+            })
+            .map(|handle| PyPollHandle { handle })
+            .map_err(|e| {
+                inbox.not_sent();
+                errors::to_py(e)
+            })
     }
 
     /// Creates a queue (idempotent with the same settings); returns its status.

@@ -178,6 +178,11 @@ pub fn to_py(e: tubeway::Error) -> PyErr {
     }
 }
 
+/// The error of a poll that got no message in time.
+pub fn queue_empty() -> PyErr {
+    status_error(tubeway::ResponseStatus::QueueEmpty, "no message in time")
+}
+
 /// The error for an object used after `close()`.
 pub fn closed(what: &str) -> PyErr {
     with_status(

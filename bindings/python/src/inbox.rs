@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use pyo3::prelude::*;
+use tubeway::blocking::Polled;
 use tubeway::Message;
 
 use crate::message::PyMessage;
@@ -30,8 +31,40 @@ pub struct Shared {
     bell: UnixStream,
 }
 
-/// A reply for the future it resolves.
-type Ready = Vec<(Py<PyAny>, tubeway::Result<Message>)>;
+/// Replies, each with the future it resolves.
+type Ready = Vec<(Py<PyAny>, Reply)>;
+
+/// What resolves a future.
+pub enum Reply {
+    /// A function call's reply.
+    Call(tubeway::Result<Message>),
+    /// A poll's result; a message whose future was cancelled meanwhile goes
+    /// back to its queue (as [`Polled`] drops).
+    Poll(tubeway::Result<Option<Polled>>),
+}
+
+impl std::fmt::Debug for Reply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reply::Call(r) => f.debug_tuple("Call").field(r).finish(),
+            Reply::Poll(r) => f.debug_tuple("Poll").field(r).finish(),
+        }
+    }
+}
+
+impl Reply {
+    /// The future's result, made on the loop's thread.
+    fn into_py(self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let message = match self {
+            Reply::Call(reply) => reply.map_err(errors::to_py)?,
+            Reply::Poll(polled) => polled
+                .map_err(errors::to_py)?
+                .ok_or_else(errors::queue_empty)?
+                .into_message(),
+        };
+        Ok(Py::new(py, PyMessage::new(message))?.into_any())
+    }
+}
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Ready> {
@@ -39,7 +72,7 @@ impl Shared {
     }
 
     /// Hands `reply` to the loop for `future`, from any thread, without the GIL.
-    pub fn post(&self, future: Py<PyAny>, reply: tubeway::Result<Message>) {
+    pub fn post(&self, future: Py<PyAny>, reply: Reply) {
         let first = {
             let mut ready = self.lock();
             ready.push((future, reply));
@@ -146,10 +179,11 @@ impl PyLoopInbox {
         self.in_flight.fetch_sub(ready.len(), Ordering::Relaxed);
         self.resolved.fetch_add(ready.len(), Ordering::Relaxed);
         for (future, reply) in ready {
-            let result = reply
-                .map_err(errors::to_py)
-                .and_then(|m| Ok(Py::new(py, PyMessage::new(m))?.into_any()));
-            pyfuture::resolve(py, &future, result);
+            if pyfuture::is_done(future.bind(py)) {
+                // Cancelled: nobody takes the reply (a polled message goes back).
+                continue;
+            }
+            pyfuture::resolve(py, &future, reply.into_py(py));
         }
         self.unwatch_when_done(py)
     }

@@ -14,15 +14,19 @@ pub fn new_future(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
     class.bind(py).call0()
 }
 
+/// Whether `future` (concurrent or asyncio) is done: cancelled, say.
+pub fn is_done(future: &Bound<'_, PyAny>) -> bool {
+    future
+        .call_method0("done")
+        .and_then(|d| d.is_truthy())
+        .unwrap_or(true)
+}
+
 /// Resolves `future` with `result`, from any thread holding the GIL. A
 /// future cancelled meanwhile is left as it is.
 pub fn resolve(py: Python<'_>, future: &Py<PyAny>, result: PyResult<Py<PyAny>>) {
     let future = future.bind(py);
-    if future
-        .call_method0("done")
-        .and_then(|d| d.is_truthy())
-        .unwrap_or(true)
-    {
+    if is_done(future) {
         return;
     }
     let outcome = match result {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import select
 import threading
 
 import numpy as np
@@ -105,6 +106,37 @@ def test_an_unclosed_client_lets_go_of_the_loop(server: tubeway.Server) -> None:
         gc.collect()
         # The finalizer ran on this loop's thread: at once.
         assert not loop.remove_reader(inbox.fileno()), "the loop still watches the inbox"
+
+    run(main())
+
+
+def test_a_cancelled_poll_loses_no_message(server: tubeway.Server) -> None:
+    """A poll cancelled while it waits at the broker is withdrawn there, so
+    the next message goes to the next poll; one cancelled with its message
+    already on its way back to the loop returns the message to the queue."""
+
+    async def main() -> None:
+        async with tubeway.aio.Client(server.url, timeout=10) as c:
+            await c.create_queue("q")
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(c.poll("q", timeout=5), 0.2)
+            await c.offer("q", "first")
+            assert (await c.poll("q", timeout=5)).text == "first"
+
+            await c.offer("q", "second")
+            task = asyncio.ensure_future(c.poll("q", timeout=5))
+            await asyncio.sleep(0)  # the task writes its poll
+            inbox = c._inbox
+            assert inbox is not None
+            # The loop held up until the message is in its inbox, then the
+            # poll cancelled before the loop resolves its future.
+            readable, _, _ = select.select([inbox.fileno()], [], [], 5)
+            assert readable, "no reply came"
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert (await c.poll("q", timeout=5)).text == "second"
+            assert (await c.queue_status("q"))["size"] == 0
 
     run(main())
 

@@ -2,9 +2,10 @@
 
 Every operation runs the blocking call on a thread of a pool of this module's
 (the GIL released while it waits), so the event loop never blocks, except
-``send`` and ``send_async``: the event loop's thread writes the request
-itself, and the reply comes straight back to the loop, which resolves the
-call's future (no thread in between). Callbacks (subscribers, function
+``send``, ``send_async`` and ``poll``: the event loop's thread writes the
+request itself, and the reply comes straight back to the loop, which
+resolves the call's future (no thread in between); a cancelled ``poll`` is
+withdrawn, and loses no message. Callbacks (subscribers, function
 handlers) run on the event loop; they may be coroutine functions.
 
     async with tubeway.aio.Client("tcp://127.0.0.1:33333") as client:
@@ -85,13 +86,20 @@ class Client:
         """Connects (``async with`` does it)."""
         if self._client is None:
             self._client = await _run(_tubeway.Client, self._url, self._timeout, **self._options)
-            # Replies to ``send`` come back to this loop through its inbox.
-            loop = asyncio.get_running_loop()
+        return self
+
+    def _inbox_here(self) -> _tubeway._LoopInbox:
+        """The running loop's inbox, where replies to ``send`` and ``poll``
+        come back (one at a time: a client moved to another loop lets go of
+        the last one's)."""
+        loop = asyncio.get_running_loop()
+        if self._inbox is None or loop is not self._loop:
+            self._release_inbox()
             inbox = _tubeway._LoopInbox(loop)
             loop.add_reader(inbox.fileno(), inbox.drain)
             self._loop, self._inbox = loop, inbox
             self._release_inbox = weakref.finalize(self, _close_inbox, loop, inbox)
-        return self
+        return self._inbox
 
     @property
     def blocking(self) -> _tubeway.Client:
@@ -121,12 +129,9 @@ class Client:
     def send_async(self, function: str, message: Any, timeout: Optional[float] = None) -> "asyncio.Future[_tubeway.Message]":
         """Starts a call; await the returned future for the reply."""
         client = self.blocking
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop or self._inbox is None:
-            # Another loop than the one connected on: by way of a thread.
-            return asyncio.wrap_future(client.send_async(function, message, timeout))
-        future = loop.create_future()
-        client._send_to_loop(function, message, self._inbox, future, timeout)
+        inbox = self._inbox_here()
+        future = asyncio.get_running_loop().create_future()
+        client._send_to_loop(function, message, inbox, future, timeout)
         return future
 
     async def send_oneway(self, function: str, message: Any) -> None:
@@ -151,7 +156,15 @@ class Client:
         await _run(self.blocking.offer, queue, message, timeout)
 
     async def poll(self, queue: str, timeout: float = 0.0) -> _tubeway.Message:
-        return await _run(self.blocking.poll, queue, timeout)
+        """As :meth:`tubeway.Client.poll`. Cancelled (``asyncio.wait_for``,
+        say), the poll is withdrawn at the broker, and a message the broker
+        had already taken for it goes back to its queue: none is lost."""
+        client = self.blocking
+        inbox = self._inbox_here()
+        future = asyncio.get_running_loop().create_future()
+        handle = client._poll_to_loop(queue, timeout, inbox, future)
+        future.add_done_callback(lambda f: f.cancelled() and handle.withdraw())
+        return await future
 
     async def create_queue(self, name: str, capacity: int = 1000, kind: str = "bounded") -> Dict[str, Any]:
         return await _run(self.blocking.create_queue, name, capacity, kind)
