@@ -9,7 +9,9 @@ sockets, in one run.
 Every measurement runs in fresh processes (so peak memory is each
 pattern's own) and prints a Markdown table; figures are relative to the
 plain-socket references measured in the same run. Needs numpy. `call`
-measures `Client.send` of the broker's built-in `ack` and needs the
+measures `Client.send` of the broker's built-in `ack`, then
+`send_async(...).result()` and `await tubeway.aio.Client.send` one at a
+time and with 1000 in flight, and needs the
 `tubeway` binary (`--tubeway PATH`; by default the one on PATH, else the
 release build of this repository).
 """
@@ -283,21 +285,60 @@ def throughput_socket_b(url: str, pattern: str, n: int) -> None:
 # ------------------------------------------------------------------- calls
 
 
-def call_client(url: str, n: int, warmup: int, wait: str) -> None:
+#: Calls kept in flight for the throughput of `send_async` and `tubeway.aio`.
+IN_FLIGHT = 1000
+
+
+def call_client(url: str, n: int, warmup: int, wait: str, api: str) -> None:
+    """Round trips of `ack` one at a time by `api` (send, send_async: its
+    future's result, aio: `await tubeway.aio.Client.send`); for the last two
+    also the calls a second with IN_FLIGHT of them in flight."""
     import tubeway
 
     options = {} if wait == "default" else {"wait": wait}
+    payload = b"x" * 64
+    rtts: List[int] = []
+    if api == "aio":
+        import asyncio
+
+        import tubeway.aio
+
+        async def main() -> Dict[str, Any]:
+            async with tubeway.aio.Client(url, **options) as c:
+                for _ in range(warmup):
+                    await c.send("ack", payload)
+                cpu0 = time.process_time()
+                for _ in range(n):
+                    t0 = time.perf_counter_ns()
+                    await c.send("ack", payload)
+                    rtts.append(time.perf_counter_ns() - t0)
+                cpu = (time.process_time() - cpu0) / n * 1e6
+                t0 = time.perf_counter_ns()
+                for _ in range(max(1, n // IN_FLIGHT)):
+                    await asyncio.gather(*(c.send("ack", payload) for _ in range(IN_FLIGHT)))
+                took = time.perf_counter_ns() - t0
+                return {"cpu_us": cpu, "in_flight_per_s": max(1, n // IN_FLIGHT) * IN_FLIGHT / took * 1e9}
+
+        emit({"rtt_ns": rtts, **asyncio.run(main())})
+        return
     with tubeway.Client(url, **options) as c:
-        payload = b"x" * 64
-        rtts = []
+        call = (lambda: c.send("ack", payload)) if api == "send" else (lambda: c.send_async("ack", payload).result())
         for _ in range(warmup):
-            c.send("ack", payload)
+            call()
         cpu0 = time.process_time()
         for _ in range(n):
             t0 = time.perf_counter_ns()
-            c.send("ack", payload)
+            call()
             rtts.append(time.perf_counter_ns() - t0)
-        emit({"rtt_ns": rtts, "cpu_us": (time.process_time() - cpu0) / n * 1e6})
+        result: Dict[str, Any] = {"rtt_ns": rtts, "cpu_us": (time.process_time() - cpu0) / n * 1e6}
+        if api == "send_async":
+            t0 = time.perf_counter_ns()
+            for _ in range(max(1, n // IN_FLIGHT)):
+                for f in [c.send_async("ack", payload) for _ in range(IN_FLIGHT)]:
+                    f.result()
+            took = time.perf_counter_ns() - t0
+            result["in_flight_per_s"] = max(1, n // IN_FLIGHT) * IN_FLIGHT / took * 1e9
+        emit(result)
 
 
 def tubeway_binary(given: Optional[str]) -> Optional[str]:
@@ -334,8 +375,14 @@ def bench_call(n: int, warmup: int, tmp: str, binary: Optional[str], waits: List
         for wait in waits:
             for url in urls:
                 transport = url.split(":", 1)[0]
-                r = run_one("call", ["--url", url, "-n", str(n), "--warmup", str(warmup), "--wait", wait])
+                r = run_one("call", ["--url", url, "-n", str(n), "--warmup", str(warmup), "--wait", wait, "--api", "send"])
                 rows.append({"what": f"tubeway.Client.send, {transport}, wait={wait}", **r})
+        # The calls that hand their reply over: fewer, each costs a wake-up or two.
+        for api, what in (("send_async", "tubeway.Client.send_async().result()"), ("aio", "await tubeway.aio.Client.send")):
+            for url in urls:
+                transport = url.split(":", 1)[0]
+                r = run_one("call", ["--url", url, "-n", str(max(IN_FLIGHT, n // 10)), "--warmup", str(warmup // 10), "--wait", "default", "--api", api])
+                rows.append({"what": f"{what}, {transport}", **r})
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -444,15 +491,19 @@ def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 
 def print_latency(rows: List[Dict[str, Any]], cpu: bool) -> None:
-    extra = " client CPU µs/call |" if cpu else ""
-    print(f"| what | median µs | p90 µs | p99 µs |{extra}\n|---|---:|---:|---:|{'---:|' if cpu else ''}")
+    in_flight = any("in_flight_per_s" in r for r in rows)
+    extra = (" client CPU µs/call |" if cpu else "") + (f" calls/s, {IN_FLIGHT} in flight |" if in_flight else "")
+    columns = 3 + cpu + in_flight
+    print(f"| what | median µs | p90 µs | p99 µs |{extra}\n|---|{'---:|' * columns}")
     for r in rows:
         if "skipped" in r:
-            print(f"| {r['what']} | {r['skipped']} | | |{' |' if cpu else ''}")
+            print(f"| {r['what']} | {r['skipped']} |{' |' * (columns - 1)}")
             continue
         line = f"| {r['what']} | {r['median_us']:.1f} | {r['p90_us']:.1f} | {r['p99_us']:.1f} |"
         if cpu:
             line += f" {r['cpu_us']:.1f} |" if "cpu_us" in r else " |"
+        if in_flight:
+            line += f" {r['in_flight_per_s']:.0f} |" if "in_flight_per_s" in r else " |"
         print(line)
 
 
@@ -495,6 +546,7 @@ def main() -> None:
     p.add_argument("-n", type=int, default=0)
     p.add_argument("--warmup", type=int, default=0)
     p.add_argument("--wait", default="park")
+    p.add_argument("--api", choices=["send", "send_async", "aio"], default="send")
     p.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
     p.add_argument("--only", choices=["latency", "throughput", "call"])
     p.add_argument("--tubeway", help="the tubeway binary, for `call` (default: on PATH, else target/release)")
@@ -513,7 +565,7 @@ def main() -> None:
             ("throughput-tubeway", "b"): lambda: throughput_tubeway_b(a.url, a.pattern, a.n),
             ("throughput-socket", "a"): lambda: throughput_socket_a(a.family, a.address, a.pattern, a.n),
             ("throughput-socket", "b"): lambda: throughput_socket_b(a.url, a.pattern, a.n),
-            ("call", "b"): lambda: call_client(a.url, a.n, a.warmup, a.wait),
+            ("call", "b"): lambda: call_client(a.url, a.n, a.warmup, a.wait, a.api),
         }[(a.kind, a.side)]
         side()
         return
@@ -542,7 +594,10 @@ def main() -> None:
             n_call, call_warmup = (2000, 200) if a.quick else (200000, 20000)
             rows = summarize(bench_call(n_call, call_warmup, tmp, tubeway_binary(a.tubeway), a.waits.split(",")))
             results["call"] = rows
-            print(f"\nFunction call `ack` of 64 B through `tubeway server` ({n_call} calls after {call_warmup} warm-up)\n")
+            print(
+                f"\nFunction call `ack` of 64 B through `tubeway server` ({n_call} calls after {call_warmup} warm-up; "
+                f"send_async and aio: a tenth as many, then {IN_FLIGHT} at a time)\n"
+            )
             print_latency(rows, cpu=True)
     print(f"\nload average after: {os.getloadavg()}")
     if a.json:

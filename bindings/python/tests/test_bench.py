@@ -35,3 +35,7 @@ def test_a_quick_run_measures_every_row(only: str, tmp_path: Path) -> None:
     # The plain socket references, and tubeway over tcp and unix at least.
     assert len(measured) >= 4, rows
     assert all(r["median_us"] > 0 for r in measured), rows
+    if only == "call":
+        # send_async and aio, one at a time and many in flight.
+        in_flight = [r for r in measured if r.get("in_flight_per_s", 0) > 0]
+        assert len(in_flight) >= 4, rows
