@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use tubeway::ops::QueueKind;
 use tubeway::{Client, ClientOptions, Message};
 
-use crate::inbox::{PyLoopInbox, Reply};
+use crate::inbox::{Poster, PyLoopInbox, Reply};
 use crate::message::{to_message, PyMessage};
 use crate::runtime::{blocking, check_fork, drop_slot_detached, seconds, wait_strategy};
 use crate::subscription::{PySubscription, PyWorker};
@@ -57,6 +57,21 @@ impl PyClient {
     {
         let client = self.client()?;
         blocking(py, || op(&client))
+    }
+
+    /// Starts an operation in the background whose outcome `start` has
+    /// posted (by its `Poster`) to `inbox`, for `future` on its loop.
+    fn to_loop<R>(
+        &self,
+        inbox: &PyLoopInbox,
+        future: Py<PyAny>,
+        start: impl FnOnce(&Client, Poster) -> tubeway::Result<R>,
+    ) -> PyResult<R> {
+        let client = self.client()?;
+        start(&client, inbox.poster(future)).map_err(|e| {
+            inbox.not_sent();
+            errors::to_py(e)
+        })
     }
 
     fn timeout_or_default(&self, timeout: Option<f64>) -> PyResult<Duration> {
@@ -229,16 +244,9 @@ impl PyClient {
     ) -> PyResult<()> {
         let mut msg = to_message(message)?;
         msg.timeout = Some(self.timeout_or_default(timeout)?);
-        let client = self.client()?;
-        let to = inbox.sender();
-        client
-            .send_then(&function, msg, move |reply| {
-                to.post(future, Reply::Call(reply));
-            })
-            .map_err(|e| {
-                inbox.not_sent();
-                errors::to_py(e)
-            })
+        self.to_loop(inbox, future, |c, reply| {
+            c.send_then(&function, msg, move |r| reply.post(Reply::Call(r)))
+        })
     }
 
     /// Calls `function` without a reply.
@@ -323,17 +331,28 @@ impl PyClient {
         future: Py<PyAny>,
     ) -> PyResult<PyPollHandle> {
         let timeout = seconds(Some(timeout))?.unwrap_or_default();
-        let client = self.client()?;
-        let to = inbox.sender();
-        client
-            .poll_then(&queue, timeout, move |polled| {
-                to.post(future, Reply::Poll(polled));
-            })
-            .map(|handle| PyPollHandle { handle })
-            .map_err(|e| {
-                inbox.not_sent();
-                errors::to_py(e)
-            })
+        let handle = self.to_loop(inbox, future, |c, reply| {
+            c.poll_then(&queue, timeout, move |r| reply.post(Reply::Poll(r)))
+        })?;
+        Ok(PyPollHandle { handle })
+    }
+
+    /// Offers `message` to `queue`; the outcome resolves `future` (`None`)
+    /// on the loop that `inbox` belongs to (see `tubeway.aio`).
+    #[pyo3(signature = (queue, message, timeout, inbox, future))]
+    fn _offer_to_loop(
+        &self,
+        queue: String,
+        message: &Bound<'_, PyAny>,
+        timeout: f64,
+        inbox: &PyLoopInbox,
+        future: Py<PyAny>,
+    ) -> PyResult<()> {
+        let msg = to_message(message)?;
+        let timeout = seconds(Some(timeout))?.unwrap_or_default();
+        self.to_loop(inbox, future, |c, reply| {
+            c.offer_then(&queue, msg, timeout, move |r| reply.post(Reply::Done(r)))
+        })
     }
 
     /// Creates a queue (idempotent with the same settings); returns its status.
@@ -413,6 +432,21 @@ impl PyClient {
     fn publish(&self, py: Python<'_>, topic: String, message: &Bound<'_, PyAny>) -> PyResult<()> {
         let msg = to_message(message)?;
         self.run(py, |c| c.publish(&topic, msg))
+    }
+
+    /// Publishes `message` to `topic`; the outcome resolves `future`
+    /// (`None`) on the loop that `inbox` belongs to (see `tubeway.aio`).
+    fn _publish_to_loop(
+        &self,
+        topic: String,
+        message: &Bound<'_, PyAny>,
+        inbox: &PyLoopInbox,
+        future: Py<PyAny>,
+    ) -> PyResult<()> {
+        let msg = to_message(message)?;
+        self.to_loop(inbox, future, |c, reply| {
+            c.publish_then(&topic, msg, move |r| reply.post(Reply::Done(r)))
+        })
     }
 
     /// Publishes without waiting for the broker.

@@ -38,6 +38,8 @@ type Ready = Vec<(Py<PyAny>, Reply)>;
 pub enum Reply {
     /// A function call's reply.
     Call(tubeway::Result<Message>),
+    /// The outcome of an operation that returns nothing (an offer, a publish).
+    Done(tubeway::Result<()>),
     /// A poll's result; a message whose future was cancelled meanwhile goes
     /// back to its queue (as [`Polled`] drops).
     Poll(tubeway::Result<Option<Polled>>),
@@ -47,6 +49,7 @@ impl std::fmt::Debug for Reply {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Reply::Call(r) => f.debug_tuple("Call").field(r).finish(),
+            Reply::Done(r) => f.debug_tuple("Done").field(r).finish(),
             Reply::Poll(r) => f.debug_tuple("Poll").field(r).finish(),
         }
     }
@@ -57,6 +60,10 @@ impl Reply {
     fn into_py(self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let message = match self {
             Reply::Call(reply) => reply.map_err(errors::to_py)?,
+            Reply::Done(done) => {
+                done.map_err(errors::to_py)?;
+                return Ok(py.None());
+            }
             Reply::Poll(polled) => polled
                 .map_err(errors::to_py)?
                 .ok_or_else(errors::queue_empty)?
@@ -72,7 +79,7 @@ impl Shared {
     }
 
     /// Hands `reply` to the loop for `future`, from any thread, without the GIL.
-    pub fn post(&self, future: Py<PyAny>, reply: Reply) {
+    fn post(&self, future: Py<PyAny>, reply: Reply) {
         let first = {
             let mut ready = self.lock();
             ready.push((future, reply));
@@ -82,6 +89,19 @@ impl Shared {
             // Full means bytes are there already: the loop wakes anyway.
             let _ = (&self.bell).write(&[1]);
         }
+    }
+}
+
+/// Posts one future's reply to its loop's inbox, from any thread.
+#[derive(Debug)]
+pub struct Poster {
+    shared: Arc<Shared>,
+    future: Py<PyAny>,
+}
+
+impl Poster {
+    pub fn post(self, reply: Reply) {
+        self.shared.post(self.future, reply);
     }
 }
 
@@ -104,10 +124,14 @@ pub struct PyLoopInbox {
 }
 
 impl PyLoopInbox {
-    /// What the reading thread posts replies to; counts one more in flight.
-    pub fn sender(&self) -> Arc<Shared> {
+    /// What the reading thread posts `future`'s reply with; counts one
+    /// more in flight.
+    pub fn poster(&self, future: Py<PyAny>) -> Poster {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.shared.clone()
+        Poster {
+            shared: self.shared.clone(),
+            future,
+        }
     }
 
     /// A call that could not start after [`sender`](Self::sender).

@@ -110,6 +110,27 @@ def test_an_unclosed_client_lets_go_of_the_loop(server: tubeway.Server) -> None:
     run(main())
 
 
+def test_offer_and_publish_come_back_to_the_loop(server: tubeway.Server) -> None:
+    async def main() -> None:
+        async with tubeway.aio.Client(server.url, timeout=10) as c:
+            await c.create_queue("q", capacity=1)
+            await c.create_topic("t")
+            inbox = c._inbox_here()
+            before = inbox.resolved
+            await c.offer("q", "one")
+            with pytest.raises(tubeway.QueueFull):
+                await c.offer("q", "two", timeout=0.05)
+            with pytest.raises(tubeway.NotFound):
+                await c.offer("missing", "x")
+            await c.publish("t", "news")
+            with pytest.raises(tubeway.NotFound):
+                await c.publish("missing", "x")
+            assert inbox.resolved == before + 5
+            assert (await c.poll("q", timeout=5)).text == "one"
+
+    run(main())
+
+
 def test_a_cancelled_poll_loses_no_message(server: tubeway.Server) -> None:
     """A poll cancelled while it waits at the broker is withdrawn there, so
     the next message goes to the next poll; one cancelled with its message

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{assert_status, eventually, on_thread, start, step, text, within, Harness};
+use common::{assert_status, eventually, on_thread, start, step, text, within, Harness, STEP};
 use tubeway::ops::QueueKind;
 use tubeway::{Client, Message, MessageType, ResponseStatus};
 
@@ -28,6 +28,7 @@ crate::transport_tests! {
     blocking_client_offer_and_poll,
     offer_answered_queue_full_is_not_queued,
     withdrawn_poll_does_not_take_a_message,
+    background_offer_publish_and_poll,
 }
 
 const SHORT: Duration = Duration::from_secs(1);
@@ -615,4 +616,75 @@ async fn withdrawn_poll_does_not_take_a_message(h: &Harness) {
         text(&step(quitter.poll("w", SHORT)).await.unwrap().unwrap()),
         "again"
     );
+}
+
+/// The blocking client's background calls: `offer_then`, `publish_then`
+/// and `poll_then` hand their outcome to a callback, and a withdrawn
+/// `poll_then` ends at once (the broker understands `cancel`) without
+/// taking the next message.
+async fn background_offer_publish_and_poll(h: &Harness) {
+    let (url, options) = (h.url.clone(), h.client_options());
+    let got = on_thread(move || {
+        let c = Client::connect_with(&url, options).unwrap();
+        c.create_queue("bg", 10, QueueKind::Bounded).unwrap();
+        c.create_topic("news").unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let outcome = |tx: &std::sync::mpsc::Sender<_>| {
+            let tx = tx.clone();
+            move |r: tubeway::Result<()>| tx.send(r.map_err(|e| common::status(&e))).unwrap()
+        };
+        c.offer_then("bg", Message::plain_text("one"), SHORT, outcome(&tx))
+            .unwrap();
+        c.offer_then("missing", Message::plain_text("x"), SHORT, outcome(&tx))
+            .unwrap();
+        c.publish_then("news", Message::plain_text("n"), outcome(&tx))
+            .unwrap();
+        c.publish_then("missing", Message::plain_text("n"), outcome(&tx))
+            .unwrap();
+        let outcomes: Vec<_> = (0..4).map(|_| rx.recv_timeout(STEP).unwrap()).collect();
+
+        let (ptx, prx) = std::sync::mpsc::channel();
+        let poll = |ptx: &std::sync::mpsc::Sender<_>| {
+            let ptx = ptx.clone();
+            move |r: tubeway::Result<Option<tubeway::blocking::Polled>>| {
+                let got = r.map(|p| p.map(|p| text(&p.into_message())));
+                ptx.send(got).unwrap();
+            }
+        };
+        c.poll_then("bg", SHORT, poll(&ptx)).unwrap();
+        let first = prx.recv_timeout(STEP).unwrap().unwrap();
+        // Withdrawn while it waits: it ends long before its 20 s.
+        let started = Instant::now();
+        let waiting = c
+            .poll_then("bg", Duration::from_secs(20), poll(&ptx))
+            .unwrap();
+        c.ping().unwrap(); // the poll waits at the broker
+        waiting.withdraw();
+        let withdrawn = prx.recv_timeout(STEP).unwrap();
+        let took = started.elapsed();
+        c.offer("bg", Message::plain_text("two"), SHORT).unwrap();
+        let next = c.poll("bg", SHORT).unwrap().map(|m| text(&m));
+        (
+            outcomes,
+            first,
+            withdrawn.map_err(|e| e.to_string()),
+            took,
+            next,
+        )
+    })
+    .await;
+    let (outcomes, first, withdrawn, took, next) = got;
+    assert_eq!(
+        outcomes,
+        [
+            Ok(()),
+            Err(ResponseStatus::QueueNotFound),
+            Ok(()),
+            Err(ResponseStatus::TopicNotFound)
+        ]
+    );
+    assert_eq!(first.as_deref(), Some("one"));
+    assert!(withdrawn.is_err(), "{withdrawn:?}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert_eq!(next.as_deref(), Some("two"));
 }

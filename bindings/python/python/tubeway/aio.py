@@ -2,10 +2,10 @@
 
 Every operation runs the blocking call on a thread of a pool of this module's
 (the GIL released while it waits), so the event loop never blocks, except
-``send``, ``send_async`` and ``poll``: the event loop's thread writes the
-request itself, and the reply comes straight back to the loop, which
-resolves the call's future (no thread in between); a cancelled ``poll`` is
-withdrawn, and loses no message. Callbacks (subscribers, function
+``send``, ``send_async``, ``poll``, ``offer`` and ``publish``: the event
+loop's thread writes the request itself, and the reply comes straight back
+to the loop, which resolves the call's future (no thread in between); a
+cancelled ``poll`` is withdrawn, and loses no message. Callbacks (subscribers, function
 handlers) run on the event loop; they may be coroutine functions.
 
     async with tubeway.aio.Client("tcp://127.0.0.1:33333") as client:
@@ -153,7 +153,10 @@ class Client:
         return await _run(self.blocking.list_functions)
 
     async def offer(self, queue: str, message: Any, timeout: float = 0.0) -> None:
-        await _run(self.blocking.offer, queue, message, timeout)
+        client = self.blocking
+        future = asyncio.get_running_loop().create_future()
+        client._offer_to_loop(queue, message, timeout, self._inbox_here(), future)
+        await future
 
     async def poll(self, queue: str, timeout: float = 0.0) -> _tubeway.Message:
         """As :meth:`tubeway.Client.poll`. Cancelled (``asyncio.wait_for``,
@@ -197,7 +200,10 @@ class Client:
         return await _run(self.blocking.list_topics)
 
     async def publish(self, topic: str, message: Any) -> None:
-        await _run(self.blocking.publish, topic, message)
+        client = self.blocking
+        future = asyncio.get_running_loop().create_future()
+        client._publish_to_loop(topic, message, self._inbox_here(), future)
+        await future
 
     async def publish_oneway(self, topic: str, message: Any) -> None:
         await _run(self.blocking.publish_oneway, topic, message)

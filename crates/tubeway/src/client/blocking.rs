@@ -949,17 +949,53 @@ impl Client {
     where
         F: FnOnce(Result<Message>) + Send + 'static,
     {
+        self.request_then(|c| c.launch_call(function, msg), Ok, then)
+    }
+
+    /// Offers `msg` to `queue` in the background, the broker waiting up to
+    /// `timeout` for room; `then` gets the outcome as
+    /// [`send_then`](Self::send_then)'s callback gets a reply.
+    pub fn offer_then<F>(&self, queue: &str, msg: Message, timeout: Duration, then: F) -> Result<()>
+    where
+        F: FnOnce(Result<()>) + Send + 'static,
+    {
+        let msg = super::offer_request(queue, msg, timeout);
+        self.request_then(|c| c.launch(msg), |_| Ok(()), then)
+    }
+
+    /// Publishes `msg` to `topic` in the background; `then` gets the
+    /// outcome as [`send_then`](Self::send_then)'s callback gets a reply.
+    pub fn publish_then<F>(&self, topic: &str, msg: Message, then: F) -> Result<()>
+    where
+        F: FnOnce(Result<()>) + Send + 'static,
+    {
+        let msg = super::publish_request(topic, msg);
+        self.request_then(|c| c.launch(msg), |_| Ok(()), then)
+    }
+
+    /// The body of the `*_then` calls: the request written from this
+    /// thread (see `AsyncClient::launch`), its answer, made `T` by `answer`
+    /// when its status is `ok`, handed to `then` on the background thread.
+    fn request_then<T, F>(
+        &self,
+        launch: impl FnOnce(&AsyncClient) -> Result<super::Launched>,
+        answer: fn(Message) -> Result<T>,
+        then: F,
+    ) -> Result<()>
+    where
+        T: Send + 'static,
+        F: FnOnce(Result<T>) + Send + 'static,
+    {
         // Kept by the call: the connection is served until the reply is in.
         // (Never the driver's last handle there: whoever runs the task holds
         // one, so the runtime is not dropped from inside itself.)
         let duty = self.exec.duty()?;
-        // Written from this thread, as by `send_async`; a call that cannot
-        // start still ends in `then`, on the background thread.
-        let launched = self.inner.launch_call(function, msg);
+        // A call that cannot start still ends in `then`, on the background thread.
+        let launched = launch(&self.inner);
         let call = async move {
             let _duty = duty;
             then(match launched {
-                Ok(call) => call.reply().await,
+                Ok(call) => call.reply().await.and_then(answer),
                 Err(e) => Err(e),
             });
         };

@@ -473,11 +473,9 @@ impl AsyncClient {
     /// Puts `msg` on `queue`. If a bounded queue is full, the broker waits
     /// up to `timeout` for room, then answers `queue_full`.
     pub async fn offer(&self, queue: &str, msg: Message, timeout: Duration) -> Result<()> {
-        let msg = msg
-            .with_type(MessageType::Offer)
-            .with_destination(queue)
-            .with_timeout(timeout);
-        self.call(msg).await.map(drop)
+        self.call(offer_request(queue, msg, timeout))
+            .await
+            .map(drop)
     }
 
     /// Takes the next message from `queue`, waiting up to `timeout` for one;
@@ -569,14 +567,12 @@ impl AsyncClient {
 
     /// Publishes `msg` to `topic` and waits for the broker to accept it.
     pub async fn publish(&self, topic: &str, msg: Message) -> Result<()> {
-        let msg = msg.with_type(MessageType::Publish).with_destination(topic);
-        self.call(msg).await.map(drop)
+        self.call(publish_request(topic, msg)).await.map(drop)
     }
 
     /// Publishes without waiting for the broker; returns once queued for writing.
     pub async fn publish_oneway(&self, topic: &str, msg: Message) -> Result<()> {
-        let msg = msg.with_type(MessageType::Publish).with_destination(topic);
-        self.request_oneway(msg).await
+        self.request_oneway(publish_request(topic, msg)).await
     }
 
     /// Subscribes to `topic` with the broker's default buffer and a
@@ -870,6 +866,18 @@ pub(crate) fn function_call(function: &str, mut msg: Message, timeout: Duration)
     msg.destination = Some(function.to_owned());
     msg.timeout = Some(timeout);
     msg
+}
+
+/// `msg` offered to `queue`, waiting at the broker up to `timeout` for room.
+pub(crate) fn offer_request(queue: &str, msg: Message, timeout: Duration) -> Message {
+    msg.with_type(MessageType::Offer)
+        .with_destination(queue)
+        .with_timeout(timeout)
+}
+
+/// `msg` published to `topic`.
+pub(crate) fn publish_request(topic: &str, msg: Message) -> Message {
+    msg.with_type(MessageType::Publish).with_destination(topic)
 }
 
 /// A poll of `queue` that the broker answers `queue_empty` after `timeout`.
