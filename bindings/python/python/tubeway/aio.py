@@ -1,12 +1,12 @@
 """Tubeway for asyncio: the blocking API's mirror, awaitable.
 
-Every operation runs the blocking call on a thread of a pool of this module's
-(the GIL released while it waits), so the event loop never blocks, except
-``send``, ``send_async``, ``poll``, ``offer`` and ``publish``: the event
-loop's thread writes the request itself, and the reply comes straight back
-to the loop, which resolves the call's future (no thread in between); a
-cancelled ``poll`` is withdrawn, and loses no message. Callbacks (subscribers, function
-handlers) run on the event loop; they may be coroutine functions.
+The event loop never blocks. ``send``, ``send_async``, ``poll``, ``offer``
+and ``publish`` write their request from the loop's thread, and the reply
+comes straight back to the loop, which resolves the call's future (no
+thread in between); a cancelled ``poll`` is withdrawn, and loses no
+message. The other operations run the blocking call on a thread of a pool
+of this module's, the GIL released while it waits. Callbacks (subscribers,
+function handlers) run on the event loop; they may be coroutine functions.
 
     async with tubeway.aio.Client("tcp://127.0.0.1:33333") as client:
         reply = await client.send("echo", "hello")
@@ -89,9 +89,9 @@ class Client:
         return self
 
     def _inbox_here(self) -> _tubeway._LoopInbox:
-        """The running loop's inbox, where replies to ``send`` and ``poll``
-        come back (one at a time: a client moved to another loop lets go of
-        the last one's)."""
+        """The running loop's inbox, where the replies of the calls made
+        from it come back (one loop at a time: a client moved to another
+        loop lets go of the last one's inbox)."""
         loop = asyncio.get_running_loop()
         if self._inbox is None or loop is not self._loop:
             self._release_inbox()

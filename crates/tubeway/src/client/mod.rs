@@ -682,7 +682,7 @@ impl Launched {
 }
 
 impl Drop for Launched {
-    /// A task dropped before it ran (aborted, or its runtime shut down)
+    /// A task dropped before it ran (its runtime shut down)
     /// ends its call as any call given up.
     fn drop(&mut self) {
         if let Some(call) = self.call.take() {
