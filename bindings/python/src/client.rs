@@ -260,6 +260,35 @@ impl PyClient {
         self.run(py, |c| c.send_oneway(&function, msg))
     }
 
+    /// Calls `destination` (a function, or with `publish` a topic to
+    /// publish to) without a reply, without blocking: true when written at
+    /// once; else it is written once there is room, and the outcome
+    /// resolves `future` (`None`) on `inbox`'s loop.
+    #[pyo3(signature = (destination, message, inbox, future, publish=false))]
+    fn _oneway_to_loop(
+        &self,
+        destination: String,
+        message: &Bound<'_, PyAny>,
+        inbox: &PyLoopInbox,
+        future: Py<PyAny>,
+        publish: bool,
+    ) -> PyResult<bool> {
+        let msg = to_message(message)?;
+        let written = self.to_loop(inbox, future, |c, reply| {
+            let then = move |r| reply.post(Reply::Done(r));
+            if publish {
+                c.publish_oneway_then(&destination, msg, then)
+            } else {
+                c.send_oneway_then(&destination, msg, then)
+            }
+        })?;
+        if written {
+            // Nothing will come back for `future`.
+            inbox.not_sent();
+        }
+        Ok(written)
+    }
+
     /// Serves `function` from this process: `handler(message)` runs for each
     /// call on a worker thread; what it returns is the reply, an exception
     /// it raises is a handler_error for the caller.

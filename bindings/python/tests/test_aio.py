@@ -127,6 +127,12 @@ def test_offer_and_publish_come_back_to_the_loop(server: tubeway.Server) -> None
                 await c.publish("missing", "x")
             assert inbox.resolved == before + 5
             assert (await c.poll("q", timeout=5)).text == "one"
+            # Oneway messages are written at once, with nothing to resolve.
+            await c.publish_oneway("t", "a")
+            await c.send_oneway("missing", "b")
+            assert inbox.resolved == before + 6
+        # Nothing left in flight: the loop lets go of the inbox at close.
+        assert not asyncio.get_running_loop().remove_reader(inbox.fileno())
 
     run(main())
 

@@ -4,7 +4,9 @@ The event loop never blocks. ``send``, ``send_async``, ``poll``, ``offer``
 and ``publish`` write their request from the loop's thread, and the reply
 comes straight back to the loop, which resolves the call's future (no
 thread in between); a cancelled ``poll`` is withdrawn, and loses no
-message. The other operations run the blocking call on a thread of a pool
+message. ``send_oneway`` and ``publish_oneway`` return as soon as the loop's
+thread has written the message (or, when the write queue is full, once the
+client's thread has). The other operations run the blocking call on a thread of a pool
 of this module's, the GIL released while it waits. Callbacks (subscribers,
 function handlers) run on the event loop; they may be coroutine functions.
 
@@ -135,7 +137,10 @@ class Client:
         return future
 
     async def send_oneway(self, function: str, message: Any) -> None:
-        await _run(self.blocking.send_oneway, function, message)
+        client = self.blocking
+        future = asyncio.get_running_loop().create_future()
+        if not client._oneway_to_loop(function, message, self._inbox_here(), future):
+            await future  # the write queue was full: written once there is room
 
     async def serve(self, function: str, handler: Callable[[_tubeway.Message], Any]) -> _tubeway.Worker:
         """Serves ``function``; ``handler`` (a function or a coroutine
@@ -206,7 +211,10 @@ class Client:
         await future
 
     async def publish_oneway(self, topic: str, message: Any) -> None:
-        await _run(self.blocking.publish_oneway, topic, message)
+        client = self.blocking
+        future = asyncio.get_running_loop().create_future()
+        if not client._oneway_to_loop(topic, message, self._inbox_here(), future, publish=True):
+            await future  # the write queue was full: written once there is room
 
     async def subscribe(
         self, topic: str, callback: Callable[[_tubeway.Message], Any], *, buffer: Optional[int] = None

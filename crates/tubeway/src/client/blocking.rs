@@ -1052,6 +1052,43 @@ impl Client {
         self.block_on(self.inner.send_oneway(function, msg))?
     }
 
+    /// [`send_oneway`](Self::send_oneway) that never blocks: `Ok(true)`
+    /// when written from this thread at once; else (the write queue is
+    /// full) the background thread writes it once there is room, and
+    /// `then` gets the outcome there (`Ok(false)`). Messages written so
+    /// keep the order they were sent in.
+    pub fn send_oneway_then<F>(&self, function: &str, msg: Message, then: F) -> Result<bool>
+    where
+        F: FnOnce(Result<()>) + Send + 'static,
+    {
+        self.oneway_then(super::oneway_call(function, msg), then)
+    }
+
+    /// [`publish_oneway`](Self::publish_oneway) that never blocks, as
+    /// [`send_oneway_then`](Self::send_oneway_then).
+    pub fn publish_oneway_then<F>(&self, topic: &str, msg: Message, then: F) -> Result<bool>
+    where
+        F: FnOnce(Result<()>) + Send + 'static,
+    {
+        self.oneway_then(super::publish_request(topic, msg), then)
+    }
+
+    fn oneway_then<F>(&self, msg: Message, then: F) -> Result<bool>
+    where
+        F: FnOnce(Result<()>) + Send + 'static,
+    {
+        let Some(oneway) = self.inner.launch_oneway(msg)? else {
+            return Ok(true);
+        };
+        let duty = self.exec.duty()?;
+        let write = async move {
+            let _duty = duty;
+            then(oneway.write().await);
+        };
+        drop(self.exec.runtime()?.spawn(write));
+        Ok(false)
+    }
+
     /// Serves `function` on this connection; see [`AsyncClient::serve`].
     pub fn serve<F>(&self, function: &str, handler: F) -> Result<Worker>
     where

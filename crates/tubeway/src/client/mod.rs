@@ -335,6 +335,29 @@ impl AsyncClient {
         })
     }
 
+    /// Writes `msg` oneway from this thread if that needs no waiting, as
+    /// [`launch`](Self::launch) writes a request: `None` then. Otherwise
+    /// what a task must write (see [`Oneway::write`]), in the line of
+    /// requests that wait for room.
+    pub(crate) fn launch_oneway(&self, mut msg: Message) -> Result<Option<Oneway>> {
+        msg.oneway = true;
+        let conn = self.conn();
+        let frame = conn.encode_owned(msg)?;
+        let frame = if conn.none_handed_over() {
+            match conn.try_send_as(frame, false)? {
+                None => return Ok(None),
+                Some(frame) => frame,
+            }
+        } else {
+            frame
+        };
+        Ok(Some(Oneway {
+            client: self.clone(),
+            frame,
+            line: self.conn_arc().hand_over(),
+        }))
+    }
+
     /// [`launch`](Self::launch) of a call of `function`, made as
     /// [`send`](Self::send) makes it.
     pub(crate) fn launch_call(&self, function: &str, msg: Message) -> Result<Launched> {
@@ -398,10 +421,7 @@ impl AsyncClient {
 
     /// Calls `function` without waiting for, or getting, a response.
     pub async fn send_oneway(&self, function: &str, msg: Message) -> Result<()> {
-        let msg = msg
-            .with_type(MessageType::Request)
-            .with_destination(function);
-        self.request_oneway(msg).await
+        self.request_oneway(oneway_call(function, msg)).await
     }
 
     /// Serves `function` on this connection with a synchronous handler.
@@ -632,6 +652,31 @@ impl AsyncClient {
         let start = Instant::now();
         self.call(Message::new(MessageType::Ping)).await?;
         Ok(start.elapsed())
+    }
+}
+
+/// A oneway message that [`AsyncClient::launch_oneway`] could not write at
+/// once.
+pub(crate) struct Oneway {
+    client: AsyncClient,
+    frame: EncodedFrame,
+    line: HandedOver,
+}
+
+impl Oneway {
+    /// Writes it once the requests handed over before it are written and
+    /// there is room, waiting as long as
+    /// [`request_oneway`](AsyncClient::request_oneway) would.
+    pub(crate) async fn write(mut self) -> Result<()> {
+        let timeout = self.client.inner.options.timeout;
+        let conn = self.client.conn();
+        let written = async {
+            self.line.my_turn(None).await;
+            conn.send_frame(self.frame).await
+        };
+        tokio::time::timeout(timeout, written)
+            .await
+            .map_err(|_| Error::Timeout(timeout))?
     }
 }
 
@@ -873,6 +918,12 @@ pub(crate) fn offer_request(queue: &str, msg: Message, timeout: Duration) -> Mes
     msg.with_type(MessageType::Offer)
         .with_destination(queue)
         .with_timeout(timeout)
+}
+
+/// `msg` as a call of `function` that wants no reply (see [`AsyncClient::send_oneway`]).
+pub(crate) fn oneway_call(function: &str, msg: Message) -> Message {
+    msg.with_type(MessageType::Request)
+        .with_destination(function)
 }
 
 /// `msg` published to `topic`.

@@ -1053,19 +1053,28 @@ fn background_calls_from_one_thread_go_out_in_order() {
 
 /// A call whose request cannot be written at once (the write queue is
 /// full) goes to the background thread to wait for room; calls made after
-/// it by the same thread wait behind it, even one small enough to fit.
+/// it by the same thread wait behind it, even one small enough to fit, and
+/// so does a oneway message.
 #[test]
 fn a_call_waiting_for_room_is_not_overtaken() {
     let (read_now, reading) = tokio::sync::oneshot::channel::<()>();
     let (seen_tx, seen_rx) = std::sync::mpsc::channel();
     let (client, broker, served) = blocking_pair(ClientOptions::default(), |mut peer| async move {
         reading.await.unwrap();
-        for _ in 0..6 {
+        for _ in 0..8 {
             let m = peer.recv().await;
             seen_tx.send(m.subject.clone().unwrap()).unwrap();
-            peer.answer(&m, ResponseStatus::Ok).await;
+            if !m.oneway {
+                peer.answer(&m, ResponseStatus::Ok).await;
+            }
         }
     });
+    // With room, a oneway message is written at once.
+    let first = Message::plain_text("y").with_subject("first");
+    let written_now = client
+        .send_oneway_then("f", first, |_| unreachable!())
+        .unwrap();
+    assert!(written_now);
     // Four of these fill most of the write queue; the fifth has no room.
     let big = bytes::Bytes::from(vec![7u8; 1_000_000]);
     let (done_tx, done_rx) = std::sync::mpsc::channel();
@@ -1087,10 +1096,25 @@ fn a_call_waiting_for_room_is_not_overtaken() {
             )
             .unwrap();
     }
+    // A oneway message behind them waits in the line too.
+    let done = done_tx.clone();
+    let written_now = client
+        .publish_oneway_then(
+            "t",
+            Message::plain_text("x").with_subject("oneway"),
+            move |r| {
+                done.send(r.is_ok()).unwrap();
+            },
+        )
+        .unwrap();
+    assert!(!written_now);
     read_now.send(()).unwrap();
-    assert!((0..made.len()).all(|_| done_rx.recv_timeout(STEP).unwrap()));
+    assert!((0..=made.len()).all(|_| done_rx.recv_timeout(STEP).unwrap()));
     broker.block_on(within(served)).unwrap();
-    assert_eq!(seen_rx.try_iter().collect::<Vec<_>>(), made);
+    let mut all = vec!["first"];
+    all.extend(made);
+    all.push("oneway");
+    assert_eq!(seen_rx.try_iter().collect::<Vec<_>>(), all);
 }
 
 /// Background calls waited for one after the other are driven by one
