@@ -32,6 +32,7 @@ fn _tubeway(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<subscription::PySubscription>()?;
     m.add_class::<subscription::PyWorker>()?;
     m.add_class::<queue::PyEndpoint>()?;
+    m.add_class::<queue::PyGetToken>()?;
     m.add_class::<inbox::PyLoopInbox>()?;
     m.add_class::<client::PyPollHandle>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

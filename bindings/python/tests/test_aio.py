@@ -268,3 +268,31 @@ def test_queue(addresses: Addresses) -> None:
                 assert s.peers == [peer] and c.url == s.url
 
     run(main())
+
+
+def test_a_cancelled_get_loses_no_object(addresses: Addresses) -> None:
+    """A queue's ``get`` cancelled while it waits takes no object: the next
+    ``get`` has the object put afterwards. One taken just as the ``get`` is
+    cancelled is kept for the next ``get``."""
+
+    async def main() -> None:
+        async with await tubeway.aio.queue(addresses.new(), "server") as s:
+            async with await tubeway.aio.queue(s.url, "client") as c:
+                assert await s.wait_for_peers(1, timeout=10)
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(s.get(timeout=10), 0.2)
+                await c.put("first")
+                assert (await s.get(timeout=10))[1] == "first"
+
+                # The object is there; the token was cancelled before the
+                # wait could claim it: it stays for the next get.
+                await c.put("second")
+                token = tubeway._tubeway._GetToken()
+                assert token.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await asyncio.get_running_loop().run_in_executor(
+                        None, lambda: s.blocking._get(10, token)
+                    )
+                assert (await s.get(timeout=10))[1] == "second"
+
+    run(main())

@@ -6,7 +6,7 @@ import concurrent.futures
 from typing import Any, Iterable, List, Optional, Tuple, Union
 
 from ._serializers import Serializer
-from ._tubeway import Endpoint
+from ._tubeway import Endpoint, _GetToken
 
 
 class Queue:
@@ -69,7 +69,11 @@ class Queue:
         waiting forever. Received arrays and bytes are read-only views of the
         received data (no copy).
         """
-        peer, mimetype, head, buffers = self._endpoint.recv(timeout)
+        return self._get(timeout, None)
+
+    def _get(self, timeout: Optional[float], token: Optional[_GetToken]) -> Tuple[int, Any]:
+        """:meth:`get`; with ``token``, cancellable (``tubeway.aio``)."""
+        peer, mimetype, head, buffers = self._endpoint.recv(timeout, token)
         return peer, self._serializer.loads(mimetype, head, buffers)
 
     def close(self, timeout: float = 5.0) -> None:

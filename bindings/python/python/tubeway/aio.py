@@ -263,7 +263,21 @@ class Queue:
         return asyncio.wrap_future(self.blocking.put(obj, *peers))
 
     async def get(self, timeout: Optional[float] = None) -> Tuple[int, Any]:
-        return await _run(self.blocking.get, timeout)
+        """As :meth:`tubeway.Queue.get`. Cancelled (``asyncio.wait_for``,
+        say), it loses no object: one that arrives as it is cancelled is
+        kept for the next ``get``, or, if it was already this one's, is
+        returned all the same."""
+        token = _tubeway._GetToken()
+        loop = asyncio.get_running_loop()
+        waiting = loop.run_in_executor(_POOL, functools.partial(self.blocking._get, timeout, token))
+        try:
+            return await asyncio.shield(waiting)
+        except asyncio.CancelledError:
+            if token.cancel():
+                # The wait ends without an object; nobody reads how.
+                waiting.add_done_callback(lambda f: f.cancelled() or f.exception())
+                raise
+            return await waiting
 
     async def close(self, timeout: float = 5.0) -> None:
         await _run(self.blocking.close, timeout)

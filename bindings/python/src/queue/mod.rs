@@ -14,8 +14,9 @@ mod driver;
 mod framing;
 mod outbox;
 mod peer;
+mod token;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -33,6 +34,7 @@ use crate::runtime::{seconds, wait, wait_strategy};
 use crate::{buffer, errors, gil_jobs, pyfuture};
 use driver::{within, Driver, Duties, Farewell};
 use peer::{Event, Peer};
+pub use token::PyGetToken;
 
 /// Received bytes an endpoint holds for `get` before its readers wait.
 const INBOX_BUDGET: u32 = 16 << 20;
@@ -143,6 +145,8 @@ pub struct PyEndpoint {
     shared: Arc<Shared>,
     driver: Arc<Driver>,
     inbox: tokio::sync::Mutex<mpsc::UnboundedReceiver<Event>>,
+    /// Taken by a `get` cancelled meanwhile: the next ones come first.
+    held: Mutex<VecDeque<Event>>,
     accept: Mutex<Option<JoinHandle<()>>>,
     url: String,
     server: bool,
@@ -201,6 +205,10 @@ impl PyEndpoint {
             (Some((id, p)), None) => Some((*id, p.reading.clone(), p.outbox.has_backlog())),
             _ => None,
         }
+    }
+
+    fn lock_held(&self) -> std::sync::MutexGuard<'_, VecDeque<Event>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn is_closed(&self) -> bool {
@@ -314,6 +322,7 @@ impl PyEndpoint {
             shared,
             driver,
             inbox: tokio::sync::Mutex::new(inbox_rx),
+            held: Mutex::default(),
             accept: Mutex::new(accept),
             url: bound,
             server,
@@ -459,8 +468,16 @@ impl PyEndpoint {
     /// read-only memoryviews. Waits up to `timeout` seconds (None: as long as
     /// it takes) and raises Timeout; raises ConnectionClosed once for each
     /// peer that leaves, and at once when a client's server is gone.
-    #[pyo3(signature = (timeout=None))]
-    fn recv<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyTuple>> {
+    /// With `token`, the wait ends (raising `asyncio.CancelledError`) when
+    /// the token is cancelled, and an object taken after the cancel is kept
+    /// for the next `recv`, not lost (see `token.rs`).
+    #[pyo3(signature = (timeout=None, token=None))]
+    fn recv<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+        token: Option<&PyGetToken>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
         let timeout = seconds(timeout)?;
         crate::runtime::runtime()?; // a forked child must not go on
         let shared = &self.shared;
@@ -471,6 +488,9 @@ impl PyEndpoint {
             return Err(errors::closed("queue"));
         }
         let next = async {
+            if let Some(ev) = self.lock_held().pop_front() {
+                return Some(ev);
+            }
             // Another thread's get() may hold the inbox: that wait counts
             // against this timeout too.
             let mut inbox = self.inbox.lock().await;
@@ -493,7 +513,29 @@ impl PyEndpoint {
             }
             inbox.recv().await
         };
-        let event = self.driver.wait(py, within(timeout, next))?;
+        let raced = async {
+            let Some(token) = token else {
+                return Some(next.await);
+            };
+            tokio::select! {
+                biased;
+                ev = next => Some(ev),
+                () = token.cancelled() => None,
+            }
+        };
+        let cancelled =
+            || pyo3::exceptions::asyncio::CancelledError::new_err("the get was cancelled");
+        let event = match self.driver.wait(py, within(timeout, raced))? {
+            // Timed out.
+            None => None,
+            Some(None) => return Err(cancelled()),
+            Some(Some(Some(ev))) if !token.is_none_or(PyGetToken::claim) => {
+                // Cancelled as it came: the next get's.
+                self.lock_held().push_front(ev);
+                return Err(cancelled());
+            }
+            Some(Some(ev)) => Some(ev),
+        };
         let event = event.ok_or(());
         match event {
             Err(()) => Err(errors::Timeout::new_err("no object arrived in time")),
