@@ -92,7 +92,9 @@ impl Shared {
     }
 }
 
-/// Posts one future's reply to its loop's inbox, from any thread.
+/// Posts one future's reply to its loop's inbox, from any thread. The
+/// client's `*_then` calls hand their callback (which posts) the outcome
+/// exactly once, however the call ends, so no future is left waiting.
 #[derive(Debug)]
 pub struct Poster {
     shared: Arc<Shared>,
@@ -100,6 +102,7 @@ pub struct Poster {
 }
 
 impl Poster {
+    /// Hands the reply over; the loop resolves the future with it.
     pub fn post(self, reply: Reply) {
         self.shared.post(self.future, reply);
     }
@@ -114,7 +117,7 @@ pub struct PyLoopInbox {
     wake: UnixStream,
     /// Futures handed out and not yet resolved.
     in_flight: AtomicUsize,
-    /// Replies handed to futures so far.
+    /// Replies that came back through it so far.
     resolved: AtomicUsize,
     /// Its client is closed: the loop stops watching once nothing is in flight.
     closing: AtomicBool,
@@ -134,7 +137,8 @@ impl PyLoopInbox {
         }
     }
 
-    /// A call that could not start after [`sender`](Self::sender).
+    /// A call that could not start, or needs no reply, after
+    /// [`poster`](Self::poster).
     pub fn not_sent(&self) {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
