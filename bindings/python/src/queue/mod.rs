@@ -487,54 +487,63 @@ impl PyEndpoint {
         if self.is_closed() {
             return Err(errors::closed("queue"));
         }
+        // `Err` when the token was cancelled as the event came: the event is
+        // then held for the next get, under the inbox's lock, which every get
+        // holds while it looks at what is held.
         let next = async {
-            if let Some(ev) = self.lock_held().pop_front() {
-                return Some(ev);
-            }
             // Another thread's get() may hold the inbox: that wait counts
             // against this timeout too.
             let mut inbox = self.inbox.lock().await;
-            if let Ok(ev) = inbox.try_recv() {
-                return Some(ev);
-            }
-            let orphan = {
-                let state = shared.lock();
-                state.closed || (!server && state.live.is_empty())
-            };
-            if orphan {
-                return None;
-            }
-            // One peer: read on this thread, which this thread's own
-            // wake-up (or polling) serves; no I/O thread in between.
-            if let Some((peer, reading, flushing)) = inline {
-                if let Some(ev) = reading.inline(peer, &mut inbox, strategy, flushing).await {
+            let next = async {
+                if let Some(ev) = self.lock_held().pop_front() {
                     return Some(ev);
                 }
+                if let Ok(ev) = inbox.try_recv() {
+                    return Some(ev);
+                }
+                let orphan = {
+                    let state = shared.lock();
+                    state.closed || (!server && state.live.is_empty())
+                };
+                if orphan {
+                    return None;
+                }
+                // One peer: read on this thread, which this thread's own
+                // wake-up (or polling) serves; no I/O thread in between.
+                if let Some((peer, reading, flushing)) = inline {
+                    if let Some(ev) = reading.inline(peer, &mut inbox, strategy, flushing).await {
+                        return Some(ev);
+                    }
+                }
+                inbox.recv().await
+            };
+            match next.await {
+                Some(ev) if !token.is_none_or(PyGetToken::claim) => {
+                    self.lock_held().push_front(ev);
+                    Err(())
+                }
+                next => Ok(next),
             }
-            inbox.recv().await
         };
         let raced = async {
             let Some(token) = token else {
-                return Some(next.await);
+                return next.await;
             };
             tokio::select! {
                 biased;
-                ev = next => Some(ev),
-                () = token.cancelled() => None,
+                next = next => next,
+                () = token.cancelled() => Err(()),
             }
         };
-        let cancelled =
-            || pyo3::exceptions::asyncio::CancelledError::new_err("the get was cancelled");
         let event = match self.driver.wait(py, within(timeout, raced))? {
+            Some(Err(())) => {
+                return Err(pyo3::exceptions::asyncio::CancelledError::new_err(
+                    "the get was cancelled",
+                ))
+            }
+            Some(Ok(next)) => Some(next),
             // Timed out.
             None => None,
-            Some(None) => return Err(cancelled()),
-            Some(Some(Some(ev))) if !token.is_none_or(PyGetToken::claim) => {
-                // Cancelled as it came: the next get's.
-                self.lock_held().push_front(ev);
-                return Err(cancelled());
-            }
-            Some(Some(ev)) => Some(ev),
         };
         let event = event.ok_or(());
         match event {
