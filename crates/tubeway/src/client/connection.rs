@@ -71,13 +71,19 @@ pub(crate) struct Conn {
     swept: AtomicBool,
     /// Wakes the sweeper for a deadline earlier than the one it sleeps until.
     sweep_sooner: Notify,
-    /// Calls handed to a task with their request not yet written (see
-    /// [`AsyncClient::launch`](super::AsyncClient::launch)): while there are
-    /// any, a call launched later does not write its own first.
-    handed_over: AtomicUsize,
-    /// The order in which handed-over calls write their requests: one at a
-    /// time, first come first served.
-    line: Arc<Semaphore>,
+    /// Requests waiting for room in the write queue, in the order they
+    /// were made (see [`Conn::hand_over`]).
+    line: Arc<Line>,
+}
+
+/// Requests whose write waits for room, in line: while it is not empty, a
+/// request made later joins it rather than write first.
+#[derive(Debug)]
+struct Line {
+    /// How many are in it.
+    waiting: AtomicUsize,
+    /// Whose turn it is to write: one at a time, first come first served.
+    turns: Arc<Semaphore>,
 }
 
 #[derive(Default)]
@@ -128,10 +134,10 @@ struct Waiter {
 /// a forgotten withdrawal would then go unreturned).
 const MAX_ABANDONED: usize = 4096;
 
-/// A call handed to a task before its request could be written (see
+/// A request's place in the line of those waiting for room (see
 /// [`Conn::hand_over`]).
 pub(crate) struct HandedOver {
-    conn: Arc<Conn>,
+    line: Arc<Line>,
     turn: Turn,
 }
 
@@ -165,7 +171,7 @@ impl HandedOver {
 
 impl Drop for HandedOver {
     fn drop(&mut self) {
-        self.conn.handed_over.fetch_sub(1, Ordering::AcqRel);
+        self.line.waiting.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -243,8 +249,10 @@ pub(crate) async fn establish(
         max_send: AtomicUsize::new(max_receive),
         swept: AtomicBool::new(false),
         sweep_sooner: Notify::new(),
-        handed_over: AtomicUsize::new(0),
-        line: Arc::new(Semaphore::new(1)),
+        line: Arc::new(Line {
+            waiting: AtomicUsize::new(0),
+            turns: Arc::new(Semaphore::new(1)),
+        }),
     });
     let writer = tokio::spawn(write_loop(flusher, Arc::downgrade(&conn)));
     let mut frames = FrameReader::new(stream.reader, max_receive);
@@ -688,9 +696,16 @@ impl Conn {
         tried.map_err(|_| self.closed_error())
     }
 
-    /// Whether no call handed to a task still waits to write its request.
+    /// Whether no request waits in line for room: one made now may be
+    /// written at once.
     pub(crate) fn none_handed_over(&self) -> bool {
-        self.handed_over.load(Ordering::Acquire) == 0
+        self.line.waiting.load(Ordering::Acquire) == 0
+    }
+
+    /// How many requests wait in line.
+    #[cfg(test)]
+    pub(crate) fn in_line(&self) -> usize {
+        self.line.waiting.load(Ordering::Acquire)
     }
 
     /// Puts a call whose request could not be written at once in the line
@@ -698,11 +713,12 @@ impl Conn {
     /// small request that would fit must not overtake a large one waiting
     /// for room); it counts as handed over until the returned guard drops,
     /// once its request is written or given up.
-    pub(crate) fn hand_over(self: &Arc<Self>) -> HandedOver {
-        self.handed_over.fetch_add(1, Ordering::AcqRel);
+    pub(crate) fn hand_over(&self) -> HandedOver {
+        self.line.waiting.fetch_add(1, Ordering::AcqRel);
         // The line is never closed, so the permit always comes.
         let mut waiting: Pin<Box<dyn Future<Output = _> + Send>> = Box::pin(
             self.line
+                .turns
                 .clone()
                 .acquire_owned()
                 .map(std::result::Result::ok),
@@ -715,7 +731,7 @@ impl Conn {
             Poll::Pending => Turn::Waiting(waiting),
         };
         HandedOver {
-            conn: self.clone(),
+            line: self.line.clone(),
             turn,
         }
     }

@@ -319,9 +319,7 @@ impl AsyncClient {
             Some(frame) if conn.none_handed_over() => conn.try_send_as(frame, pipelined)?,
             unsent => unsent,
         };
-        let handed_over = unsent
-            .as_ref()
-            .map(|_| Box::new(self.conn_arc().hand_over()));
+        let handed_over = unsent.as_ref().map(|_| Box::new(conn.hand_over()));
         Ok(Launched {
             client: self.clone(),
             call: Some(LaunchedCall {
@@ -354,7 +352,7 @@ impl AsyncClient {
         Ok(Some(Oneway {
             client: self.clone(),
             frame,
-            line: self.conn_arc().hand_over(),
+            line: conn.hand_over(),
         }))
     }
 
@@ -370,9 +368,18 @@ impl AsyncClient {
         msg.oneway = true;
         let conn = self.conn();
         let frame = conn.encode_owned(msg)?;
-        tokio::time::timeout(self.inner.options.timeout, conn.send_frame(frame))
+        let timeout = self.inner.options.timeout;
+        let sent = async {
+            // Requests made earlier wait for room: this one waits behind them.
+            let mut line = (!conn.none_handed_over()).then(|| conn.hand_over());
+            if let Some(line) = line.as_mut() {
+                line.my_turn(None).await;
+            }
+            conn.send_frame(frame).await
+        };
+        tokio::time::timeout(timeout, sent)
             .await
-            .map_err(|_| Error::Timeout(self.inner.options.timeout))?
+            .map_err(|_| Error::Timeout(timeout))?
     }
 
     /// How long a call of a function with `msg` may take: its own timeout,
@@ -867,6 +874,10 @@ impl<'a> Started<'a> {
     ) -> Result<(&'a Conn, std::result::Result<Box<Message>, RecvError>)> {
         let conn = self.pending.conn;
         if let Some(frame) = self.frame.take() {
+            if self.handed_over.is_none() && !conn.none_handed_over() {
+                // Requests made earlier wait for room: this one waits behind them.
+                self.handed_over = Some(Box::new(conn.hand_over()));
+            }
             if let Some(line) = self.handed_over.as_mut() {
                 // Boxed: a rare wait, kept out of the size of every call's future.
                 let until = deadline.map(|(at, _)| at);

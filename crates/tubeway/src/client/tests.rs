@@ -1053,15 +1053,15 @@ fn background_calls_from_one_thread_go_out_in_order() {
 
 /// A call whose request cannot be written at once (the write queue is
 /// full) goes to the background thread to wait for room; calls made after
-/// it by the same thread wait behind it, even one small enough to fit, and
-/// so does a oneway message.
+/// it wait behind it, even one small enough to fit: background calls,
+/// oneway messages and blocking calls alike.
 #[test]
 fn a_call_waiting_for_room_is_not_overtaken() {
     let (read_now, reading) = tokio::sync::oneshot::channel::<()>();
     let (seen_tx, seen_rx) = std::sync::mpsc::channel();
     let (client, broker, served) = blocking_pair(ClientOptions::default(), |mut peer| async move {
         reading.await.unwrap();
-        for _ in 0..8 {
+        for _ in 0..10 {
             let m = peer.recv().await;
             seen_tx.send(m.subject.clone().unwrap()).unwrap();
             if !m.oneway {
@@ -1108,12 +1108,42 @@ fn a_call_waiting_for_room_is_not_overtaken() {
         )
         .unwrap();
     assert!(!written_now);
+    // Blocking calls made now, a oneway one and one waiting for its answer
+    // (each on a thread of its own, as each blocks), join the line as well
+    // rather than write first.
+    let in_line = |n: usize| {
+        let t0 = std::time::Instant::now();
+        while client.as_async().conn().in_line() < n {
+            assert!(t0.elapsed() < STEP, "fewer than {n} in line");
+            std::thread::yield_now();
+        }
+    };
+    in_line(3);
+    let on_thread = |name: &'static str, oneway: bool| {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            let m = Message::plain_text("z").with_subject(name);
+            if oneway {
+                client.publish_oneway("t", m).unwrap();
+            } else {
+                client.send("f", m).unwrap();
+            }
+        })
+    };
+    let blocking = [on_thread("blocking oneway", true), {
+        in_line(4);
+        on_thread("blocking call", false)
+    }];
+    in_line(5);
     read_now.send(()).unwrap();
     assert!((0..=made.len()).all(|_| done_rx.recv_timeout(STEP).unwrap()));
+    for t in blocking {
+        t.join().unwrap();
+    }
     broker.block_on(within(served)).unwrap();
     let mut all = vec!["first"];
     all.extend(made);
-    all.push("oneway");
+    all.extend(["oneway", "blocking oneway", "blocking call"]);
     assert_eq!(seen_rx.try_iter().collect::<Vec<_>>(), all);
 }
 
