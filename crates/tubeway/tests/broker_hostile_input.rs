@@ -339,6 +339,9 @@ async fn silent_client_is_closed_after_the_handshake_timeout() {
 async fn disconnect_mid_frame_is_cleaned_up() {
     let fx = Fixture::start("midframe").await;
     for t in &fx.targets {
+        // Settled: the last round waited for its clients to be gone (closing
+        // is asynchronous, so a count taken while one closes would be off).
+        let settled = fx.connections();
         let by = Bystander::connect(t).await;
         let before = fx.connections();
         let hello = frame(&hello_with(&ops::Hello::default()));
@@ -390,6 +393,7 @@ async fn disconnect_mid_frame_is_cleaned_up() {
         .await;
         fx.wait_connections(before, &what).await;
         by.others_still_served(&what).await;
+        by.leave(&fx, settled, &what).await;
     }
     fx.shutdown().await;
 }
