@@ -364,22 +364,11 @@ impl AsyncClient {
     }
 
     /// Sends any message with `oneway` set; returns once it is queued for writing.
-    pub async fn request_oneway(&self, mut msg: Message) -> Result<()> {
-        msg.oneway = true;
-        let conn = self.conn();
-        let frame = conn.encode_owned(msg)?;
-        let timeout = self.inner.options.timeout;
-        let sent = async {
-            // Requests made earlier wait for room: this one waits behind them.
-            let mut line = (!conn.none_handed_over()).then(|| conn.hand_over());
-            if let Some(line) = line.as_mut() {
-                line.my_turn(None).await;
-            }
-            conn.send_frame(frame).await
-        };
-        tokio::time::timeout(timeout, sent)
-            .await
-            .map_err(|_| Error::Timeout(timeout))?
+    pub async fn request_oneway(&self, msg: Message) -> Result<()> {
+        match self.launch_oneway(msg)? {
+            None => Ok(()),
+            Some(waiting) => waiting.write().await,
+        }
     }
 
     /// How long a call of a function with `msg` may take: its own timeout,
@@ -671,9 +660,8 @@ pub(crate) struct Oneway {
 }
 
 impl Oneway {
-    /// Writes it once the requests handed over before it are written and
-    /// there is room, waiting as long as
-    /// [`request_oneway`](AsyncClient::request_oneway) would.
+    /// Writes it once the requests in line before it are written and there
+    /// is room, waiting at most the client's default timeout.
     pub(crate) async fn write(mut self) -> Result<()> {
         let timeout = self.client.inner.options.timeout;
         let conn = self.client.conn();
