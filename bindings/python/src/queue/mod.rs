@@ -16,7 +16,7 @@ mod outbox;
 mod peer;
 mod token;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -145,8 +145,9 @@ pub struct PyEndpoint {
     shared: Arc<Shared>,
     driver: Arc<Driver>,
     inbox: tokio::sync::Mutex<mpsc::UnboundedReceiver<Event>>,
-    /// Taken by a `get` cancelled meanwhile: the next ones come first.
-    held: Mutex<VecDeque<Event>>,
+    /// Taken by a `get` cancelled meanwhile: the next `get` has it first.
+    /// At most one: every `get` takes it before it reads anything else.
+    held: Mutex<Option<Event>>,
     accept: Mutex<Option<JoinHandle<()>>>,
     url: String,
     server: bool,
@@ -207,7 +208,7 @@ impl PyEndpoint {
         }
     }
 
-    fn lock_held(&self) -> std::sync::MutexGuard<'_, VecDeque<Event>> {
+    fn lock_held(&self) -> std::sync::MutexGuard<'_, Option<Event>> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -495,7 +496,7 @@ impl PyEndpoint {
             // against this timeout too.
             let mut inbox = self.inbox.lock().await;
             let next = async {
-                if let Some(ev) = self.lock_held().pop_front() {
+                if let Some(ev) = self.lock_held().take() {
                     return Some(ev);
                 }
                 if let Ok(ev) = inbox.try_recv() {
@@ -519,7 +520,8 @@ impl PyEndpoint {
             };
             match next.await {
                 Some(ev) if !token.is_none_or(PyGetToken::claim) => {
-                    self.lock_held().push_front(ev);
+                    // Empty: this get took what was held before it read.
+                    *self.lock_held() = Some(ev);
                     Err(())
                 }
                 next => Ok(next),
