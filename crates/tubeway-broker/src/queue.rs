@@ -37,9 +37,14 @@ struct Counters {
     rejected: AtomicU64,
 }
 
+/// Tells queues apart across removal and re-creation under one name.
+static SERIALS: AtomicU64 = AtomicU64::new(0);
+
 #[derive(Debug)]
 pub(crate) struct Queue {
     pub name: String,
+    /// This queue's own among every queue the process made.
+    pub serial: u64,
     pub kind: QueueKind,
     pub capacity: u64,
     /// The connection that owns a temporary queue.
@@ -59,6 +64,7 @@ impl Queue {
     pub fn new(name: String, capacity: u64, kind: QueueKind, owner: Option<u64>) -> Self {
         Queue {
             name,
+            serial: SERIALS.fetch_add(1, Ordering::Relaxed),
             kind,
             capacity: capacity.max(1),
             owner,
@@ -195,16 +201,22 @@ impl Queue {
         self.try_poll()
     }
 
-    /// Puts a message taken by a poller that vanished back at the head of the
-    /// queue, so it is not lost.
+    /// Puts a message taken by a poller that vanished or gave up back at
+    /// the head of the queue, so it is not lost: past a bounded queue's
+    /// capacity if need be, since it was counted there before it was taken.
+    /// A full circular queue has overwritten it already, as its oldest.
     pub fn requeue(&self, msg: Message) {
         let mut s = lock(&self.state);
         if s.removed {
             return;
         }
+        self.counters.polled.fetch_sub(1, Ordering::Relaxed);
+        if self.kind == QueueKind::Circular && self.is_full(&s) {
+            self.counters.overwritten.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         s.items.push_front(msg);
         drop(s);
-        self.counters.polled.fetch_sub(1, Ordering::Relaxed);
         self.not_empty.notify_one();
     }
 
@@ -281,6 +293,37 @@ mod tests {
         }
         assert_eq!(text(&q.poll(None).await.unwrap()), "2");
         assert_eq!(q.stats().overwritten, 1);
+    }
+
+    #[tokio::test]
+    async fn requeued_goes_to_the_head_even_when_full() {
+        let q = Queue::new("q".into(), 2, QueueKind::Bounded, None);
+        for i in 1..=2 {
+            q.offer(msg(i), None).await.unwrap();
+        }
+        let first = q.poll(None).await.unwrap();
+        q.offer(msg(3), None).await.unwrap();
+        q.requeue(first);
+        assert_eq!(q.status().size, 3);
+        assert_eq!(q.offer(msg(4), None).await, Err(QueueError::Full));
+        for want in ["1", "2", "3"] {
+            assert_eq!(text(&q.poll(None).await.unwrap()), want);
+        }
+        assert_eq!(q.stats().polled, 3);
+    }
+
+    #[tokio::test]
+    async fn requeued_to_a_full_circular_queue_is_overwritten() {
+        let q = Queue::new("q".into(), 2, QueueKind::Circular, None);
+        for i in 1..=2 {
+            q.offer(msg(i), None).await.unwrap();
+        }
+        let first = q.poll(None).await.unwrap();
+        q.offer(msg(3), None).await.unwrap();
+        q.requeue(first);
+        assert_eq!(q.status().size, 2);
+        assert_eq!(q.stats().overwritten, 1);
+        assert_eq!(text(&q.poll(None).await.unwrap()), "2");
     }
 
     #[tokio::test]

@@ -37,7 +37,15 @@ const MAX_SUBSCRIBER_BUFFER: u64 = 1 << 20;
 /// How long a closing connection's writer may take to flush.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Capabilities this broker offers.
-const CAPABILITIES: &[&str] = &[ops::CAP_PING, ops::CAP_WORKERS, ops::CAP_CANCEL];
+const CAPABILITIES: &[&str] = &[
+    ops::CAP_PING,
+    ops::CAP_WORKERS,
+    ops::CAP_CANCEL,
+    ops::CAP_REQUEUE,
+];
+/// How many of a connection's latest polls answered with a message it
+/// remembers for `requeue`.
+const HANDED_REMEMBERED: usize = 16;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -110,6 +118,39 @@ pub(crate) struct SessionShared {
     /// Polls and offers of this connection that wait, by request id, for
     /// `cancel` to withdraw.
     waiting: Mutex<HashMap<Uuid, CancellationToken>>,
+    /// The latest messages handed to polls of this connection.
+    handed: Mutex<Handed>,
+}
+
+/// The latest polls of a connection answered with a message, as (poll id,
+/// message id, queue serial), oldest overwritten first. A `requeue` naming
+/// one of them puts its message back at the head of the queue; any other
+/// is offered, so that `requeue` cannot jump a queue or overfill one.
+#[derive(Debug, Default)]
+struct Handed {
+    latest: [Option<(Uuid, Uuid, u64)>; HANDED_REMEMBERED],
+    next: usize,
+}
+
+impl Handed {
+    fn record(&mut self, poll: Uuid, message: Uuid, queue: u64) {
+        if let Some(slot) = self.latest.get_mut(self.next) {
+            *slot = Some((poll, message, queue));
+        }
+        self.next = (self.next + 1) % HANDED_REMEMBERED;
+    }
+
+    /// Whether `message` was handed to `poll` from `queue`; forgets it.
+    fn take(&mut self, poll: Uuid, message: Uuid, queue: u64) -> bool {
+        let entry = Some((poll, message, queue));
+        match self.latest.iter_mut().find(|e| **e == entry) {
+            Some(e) => {
+                *e = None;
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// A waiting request's entry in [`SessionShared::waiting`], removed however
@@ -147,6 +188,7 @@ impl SessionShared {
             is_gone: AtomicBool::new(false),
             inflight: Arc::new(Semaphore::new(max_in_flight)),
             waiting: Mutex::default(),
+            handed: Mutex::default(),
         })
     }
 
@@ -789,6 +831,7 @@ impl Session {
         let result = match m.r#type {
             MessageType::Request => return self.call(m).await,
             MessageType::Offer => return self.offer(m).await,
+            MessageType::Requeue => return self.requeue(m).await,
             MessageType::Poll => return self.poll(m).await,
             MessageType::Subscribe => return self.subscribe(m).await,
             MessageType::Publish => return self.publish(m).await,
@@ -1033,14 +1076,21 @@ impl Session {
         }
     }
 
+    /// The queue `m` names, or none once `to` is answered why.
+    async fn queue_named_by(&self, m: &Message, to: &ReplyTo) -> Option<Arc<crate::queue::Queue>> {
+        match check_name(m.destination.as_deref()).and_then(|n| self.inner.queue(n)) {
+            Ok(q) => Some(q),
+            Err(e) => {
+                self.shared.answer(to, Err(e)).await;
+                None
+            }
+        }
+    }
+
     async fn offer(&mut self, mut m: Box<Message>) {
         let to = ReplyTo::of(&m);
-        let q = match check_name(m.destination.as_deref()).and_then(|n| self.inner.queue(n)) {
-            Ok(q) => q,
-            Err(e) => {
-                self.shared.answer(&to, Err(e)).await;
-                return;
-            }
+        let Some(q) = self.queue_named_by(&m, &to).await else {
+            return;
         };
         let wait_until = deadline(&m);
         // The offer's own options are not part of the queued message.
@@ -1077,17 +1127,38 @@ impl Session {
         }
     }
 
+    /// A message handed to a poll of this connection whose caller had
+    /// given up: back to the head of its queue if it is among the latest
+    /// handed over here, offered otherwise.
+    async fn requeue(&mut self, mut m: Box<Message>) {
+        let to = ReplyTo::of(&m);
+        let Some(q) = self.queue_named_by(&m, &to).await else {
+            return;
+        };
+        let handed = m
+            .correlation_id
+            .is_some_and(|poll| lock(&self.shared.handed).take(poll, m.id, q.serial));
+        // Back as it was queued: the poll's answer had replaced these.
+        m.r#type = MessageType::Offer;
+        m.correlation_id = None;
+        if !handed {
+            return self.offer(m).await;
+        }
+        m.timeout = None;
+        m.oneway = false;
+        q.requeue(*m);
+        self.shared
+            .answer(&to, Ok(to.response(ResponseStatus::Ok)))
+            .await;
+    }
+
     async fn poll(&mut self, m: Box<Message>) {
         let to = ReplyTo {
             oneway: false,
             ..ReplyTo::of(&m)
         };
-        let q = match check_name(m.destination.as_deref()).and_then(|n| self.inner.queue(n)) {
-            Ok(q) => q,
-            Err(e) => {
-                self.shared.answer(&to, Err(e)).await;
-                return;
-            }
+        let Some(q) = self.queue_named_by(&m, &to).await else {
+            return;
         };
         match q.poll_now() {
             Ok(found) => deliver_polled(&self.shared, &q, &to, found).await,
@@ -1301,6 +1372,7 @@ async fn deliver_polled(
     // Sent as the answer itself, and put back as it was if it cannot be:
     // a copy kept for that would cost its strings each time.
     let kept = (found.r#type, found.response_status, found.correlation_id);
+    lock(&shared.handed).record(to.id, found.id, q.serial);
     found.r#type = MessageType::Response;
     found.response_status = Some(ResponseStatus::Ok);
     found.correlation_id = Some(to.id);

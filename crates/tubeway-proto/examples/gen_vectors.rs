@@ -353,6 +353,21 @@ fn messages() -> File {
                     "withdraws the waiting request named by correlation_id (a poll, say)",
                 )
             }
+            MessageType::Requeue => {
+                // As the poll's answer carried it, the answer's own fields
+                // aside: its id and payload, and the queue's name.
+                let mut m = msg(n, t).with_destination("jobs").with_text(
+                    "resize 42.png",
+                    MIME_TEXT,
+                    "utf-8",
+                );
+                m.correlation_id = Some(id(n + 1000));
+                m.oneway = true;
+                (
+                    m,
+                    "puts a message handed to the poll named by correlation_id back at the head of queue `jobs`",
+                )
+            }
             other => panic!("add a vector for message type {other}"),
         };
         g.valid(t.as_str(), what, m);
@@ -1018,7 +1033,7 @@ fn invalid() -> File {
     );
 
     // Per-frame errors: the frame is well delimited; answered with bad_request.
-    for (name, code) in [("type_0", 0u8), ("type_26", 26), ("type_255", 255)] {
+    for (name, code) in [("type_0", 0u8), ("type_27", 27), ("type_255", 255)] {
         g.invalid(
             name,
             &format!("message type code {code}"),

@@ -111,6 +111,11 @@ wire_enum! {
         /// withdrawn request is answered as if its wait had ended
         /// (`queue_empty`, `queue_full`). Needs the `cancel` capability.
         Cancel = 25 => "cancel",
+        /// Puts back a message this connection was handed by a poll it had
+        /// given up on (`correlation_id` = that poll): at the head of its
+        /// queue, as if never taken. Sent `oneway`. Needs the `requeue`
+        /// capability.
+        Requeue = 26 => "requeue",
     }
 }
 

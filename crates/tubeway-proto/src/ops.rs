@@ -13,6 +13,9 @@ pub const CAP_WORKERS: &str = "workers";
 /// Capability: the peer understands `cancel` (withdrawing a waiting poll or
 /// offer, so that a poller that gave up is not sent a message it will not read).
 pub const CAP_CANCEL: &str = "cancel";
+/// Capability: the peer understands `requeue` (a message handed to a poll
+/// whose caller had given up goes back to the head of its queue).
+pub const CAP_REQUEUE: &str = "requeue";
 
 /// Payload of `hello`, the first frame a client sends.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,7 +37,12 @@ impl Default for Hello {
         Hello {
             min_version: crate::PROTOCOL_VERSION,
             max_version: crate::PROTOCOL_VERSION,
-            capabilities: vec![CAP_PING.into(), CAP_WORKERS.into(), CAP_CANCEL.into()],
+            capabilities: vec![
+                CAP_PING.into(),
+                CAP_WORKERS.into(),
+                CAP_CANCEL.into(),
+                CAP_REQUEUE.into(),
+            ],
             client: concat!("tubeway-rust/", env!("CARGO_PKG_VERSION")).into(),
         }
     }

@@ -209,7 +209,7 @@ fn random_field(rng: &mut StdRng, t: u8) -> Vec<u8> {
 /// A frame with a mostly well-formed prefix and header and random content.
 fn random_frame(rng: &mut StdRng) -> Vec<u8> {
     let mut header = vec![
-        rng.random_range(0..=26),
+        rng.random_range(0..=27),
         if rng.random_bool(0.5) {
             0
         } else {

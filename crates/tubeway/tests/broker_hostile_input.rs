@@ -23,6 +23,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 use tubeway::{ops, Message, MessageType, ResponseStatus};
 use tubeway_proto::codec::{self, PREFIX_LEN};
+use uuid::Uuid;
 
 /// Byte offsets in a frame (prefix, then the fixed header).
 const FRAME_LEN_AT: usize = 4;
@@ -542,6 +543,97 @@ async fn framing_errors_after_the_handshake_close_the_connection() {
             fx.wait_connections(1, &what).await;
             by.others_still_served(&what).await;
         }
+    }
+    fx.shutdown().await;
+}
+
+/// (11) `requeue` puts back only what this connection's own recent poll
+/// was handed: a forged one (unknown poll, a message the poll was not
+/// handed, or one put back already) is an offer, so it neither jumps the
+/// queue nor fills it past its capacity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_requeue_neither_jumps_nor_overfills_a_queue() {
+    let fx = Fixture::start("requeue").await;
+    for t in &fx.targets {
+        let what = |case: &str| format!("{}: {case}", t.name);
+        let q = format!("requeue-{}", t.name);
+        let mut raw = Raw::handshake(t).await;
+        let create = Message::serialize(&ops::CreateQueue {
+            capacity: 2,
+            kind: ops::QueueKind::Bounded,
+            durable: false,
+        })
+        .unwrap()
+        .with_type(MessageType::CreateQueue)
+        .with_destination(&q);
+        assert_eq!(raw.call(&create).await.status(), ResponseStatus::Ok);
+        let offer = |text: &str| {
+            Message::plain_text(text)
+                .with_type(MessageType::Offer)
+                .with_destination(&q)
+        };
+        for text in ["a", "b"] {
+            assert_eq!(raw.call(&offer(text)).await.status(), ResponseStatus::Ok);
+        }
+        let poll = || Message::new(MessageType::Poll).with_destination(&q);
+        let requeue = |m: &Message, poll: Uuid| {
+            let mut back = m.clone().with_type(MessageType::Requeue);
+            back.response_status = None;
+            back.correlation_id = Some(poll);
+            back
+        };
+
+        // A poll that nobody made: offered, and the queue is full.
+        let forged = requeue(&offer("x"), Uuid::new_v4());
+        let r = raw.call(&forged).await;
+        assert_error(
+            &r,
+            ResponseStatus::QueueFull,
+            Some(forged.id),
+            &what("unknown poll"),
+        );
+
+        // The real thing goes back to the head, past the capacity.
+        let p = poll();
+        let a = raw.call(&p).await;
+        assert_eq!(a.text_payload().unwrap(), "a", "{}", what("first poll"));
+        assert_eq!(raw.call(&offer("c")).await.status(), ResponseStatus::Ok);
+        // The poll's id with another message's is no requeue either.
+        let mut wrong = requeue(&a, p.id);
+        wrong.id = Uuid::new_v4();
+        let r = raw.call(&wrong).await;
+        assert_error(
+            &r,
+            ResponseStatus::QueueFull,
+            Some(wrong.id),
+            &what("other message"),
+        );
+        let back = requeue(&a, p.id);
+        assert_eq!(
+            raw.call(&back).await.status(),
+            ResponseStatus::Ok,
+            "{}",
+            what("requeue")
+        );
+        // Only once.
+        let again = requeue(&a, p.id);
+        let r = raw.call(&again).await;
+        assert_error(
+            &r,
+            ResponseStatus::QueueFull,
+            Some(again.id),
+            &what("put back twice"),
+        );
+
+        let status = Message::new(MessageType::QueueStatus).with_destination(&q);
+        let s: ops::QueueStatus = raw.call(&status).await.data_payload_as().unwrap();
+        assert_eq!(s.size, 3, "{}", what("size"));
+        for want in ["a", "b", "c"] {
+            let m = raw.call(&poll()).await;
+            assert_eq!(m.text_payload().unwrap(), want, "{}", what("order"));
+            assert_eq!(m.r#type, MessageType::Response);
+        }
+        raw.still_usable(&what("after")).await;
     }
     fx.shutdown().await;
 }

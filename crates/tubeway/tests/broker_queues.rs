@@ -29,6 +29,7 @@ crate::transport_tests! {
     offer_answered_queue_full_is_not_queued,
     withdrawn_poll_does_not_take_a_message,
     background_offer_publish_and_poll,
+    a_message_given_up_goes_back_to_the_head,
 }
 
 const SHORT: Duration = Duration::from_secs(1);
@@ -687,4 +688,42 @@ async fn background_offer_publish_and_poll(h: &Harness) {
     assert!(withdrawn.is_err(), "{withdrawn:?}");
     assert!(took < Duration::from_secs(10), "{took:?}");
     assert_eq!(next.as_deref(), Some("two"));
+}
+
+/// A message handed to a poll whose caller then gives up on it goes back
+/// to the head of its queue, even once the queue has filled meanwhile:
+/// nothing is lost and the order is kept.
+async fn a_message_given_up_goes_back_to_the_head(h: &Harness) {
+    let (url, options) = (h.url.clone(), h.client_options());
+    let (size, full, order) = on_thread(move || {
+        let c = Client::connect_with(&url, options).unwrap();
+        c.create_queue("back", 2, QueueKind::Bounded).unwrap();
+        for t in ["a", "b"] {
+            c.offer("back", Message::plain_text(t), SHORT).unwrap();
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        c.poll_then("back", SHORT, move |r| {
+            tx.send(r.unwrap().unwrap()).unwrap()
+        })
+        .unwrap();
+        let polled = rx.recv_timeout(STEP).unwrap();
+        c.offer("back", Message::plain_text("c"), SHORT).unwrap();
+        drop(polled); // untaken: it goes back
+        c.ping().unwrap(); // written after it, so answered after it was put back
+        let size = c.queue_status("back").unwrap().size;
+        let full = c
+            .offer("back", Message::plain_text("d"), Duration::ZERO)
+            .map_err(|e| common::status(&e));
+        let order: Vec<_> = (0..4)
+            .map(|_| c.poll("back", Duration::ZERO).unwrap().map(|m| text(&m)))
+            .collect();
+        (size, full, order)
+    })
+    .await;
+    assert_eq!(size, 3);
+    assert_eq!(full, Err(ResponseStatus::QueueFull));
+    assert_eq!(
+        order,
+        [Some("a".into()), Some("b".into()), Some("c".into()), None]
+    );
 }

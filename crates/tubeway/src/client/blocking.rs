@@ -30,7 +30,6 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
@@ -38,6 +37,7 @@ use std::time::{Duration, Instant};
 use tokio::runtime::{Builder, Handle, Runtime};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tubeway_proto::{ops, Message};
 use tubeway_transport::Url;
 use uuid::Uuid;
@@ -1016,19 +1016,36 @@ impl Client {
     {
         let duty = self.exec.duty()?;
         let launched = self.inner.launch(super::poll_request(queue, timeout));
+        let id = launched.as_ref().ok().and_then(super::Launched::id);
         let conn = self.inner.conn_arc();
         let handle = PollHandle {
-            id: launched.as_ref().ok().and_then(super::Launched::id),
-            conn: conn.clone(),
-            withdrawn: Arc::new(AtomicBool::new(false)),
+            withdrawn: CancellationToken::new(),
         };
         let (withdrawn, queue) = (handle.withdrawn.clone(), queue.to_owned());
         let call = async move {
-            let _duty = duty;
+            let duty = duty;
             let answer = match launched {
-                Ok(call) => call.finish().await.and_then(super::polled),
+                // Given up, the call withdraws the poll at the broker, or
+                // never writes it if it still waits for room; a message
+                // the broker had taken for it meanwhile goes back.
+                Ok(call) => tokio::select! {
+                    biased;
+                    answer = call.finish() => answer.and_then(super::polled),
+                    () = withdrawn.cancelled() => Err(Error::Interrupted),
+                },
                 Err(e) => Err(e),
             };
+            let settling = id.filter(|_| withdrawn.is_cancelled()).map(|id| {
+                // The connection is read, the duty kept, until the broker's
+                // answer to the withdrawn poll is in: a message in it
+                // must go back, not wait unread in the socket.
+                let conn = conn.clone();
+                async move {
+                    let _duty = duty;
+                    let bound = timeout.saturating_add(Duration::from_secs(5));
+                    let _ = tokio::time::timeout(bound, conn.settled(id)).await;
+                }
+            });
             let answer = answer.map(|m| {
                 m.map(|message| Polled {
                     message: Some(message),
@@ -1036,12 +1053,14 @@ impl Client {
                     conn,
                 })
             });
-            // Withdrawn, the poll still waits for the broker's answer to
-            // it: a message in it goes back (as `Polled` drops).
+            // A message in before the withdrawal goes back as `Polled` drops.
             then(match answer {
-                Ok(_) if withdrawn.load(Ordering::Acquire) => Err(Error::Interrupted),
+                Ok(_) if withdrawn.is_cancelled() => Err(Error::Interrupted),
                 answer => answer,
             });
+            if let Some(settling) = settling {
+                settling.await;
+            }
         };
         drop(self.exec.runtime()?.spawn(call));
         Ok(handle)
@@ -1305,7 +1324,7 @@ impl Polled {
 impl Drop for Polled {
     fn drop(&mut self) {
         if let Some(m) = self.message.take() {
-            self.conn.offer_back_now(m, std::mem::take(&mut self.queue));
+            self.conn.put_back_now(m, std::mem::take(&mut self.queue));
         }
     }
 }
@@ -1313,23 +1332,17 @@ impl Drop for Polled {
 /// Withdraws a poll started by [`Client::poll_then`].
 #[derive(Debug)]
 pub struct PollHandle {
-    id: Option<Uuid>,
-    conn: Arc<Conn>,
-    withdrawn: Arc<AtomicBool>,
+    withdrawn: CancellationToken,
 }
 
 impl PollHandle {
-    /// Withdraws the poll unless its result is in already: the broker
-    /// ends its wait at once (if it understands `cancel`, else at the
-    /// poll's timeout), a message it had taken for the poll meanwhile
-    /// goes back to its queue, and the callback gets
-    /// [`Error::Interrupted`].
+    /// Withdraws the poll unless its result is in already: its callback
+    /// gets [`Error::Interrupted`] at once, the broker ends the poll's wait
+    /// (if it understands `cancel`; a poll still waiting for room to be
+    /// written is never sent), and a message it had taken for the poll
+    /// meanwhile goes back to its queue.
     pub fn withdraw(&self) {
-        if !self.withdrawn.swap(true, Ordering::AcqRel) {
-            if let Some(id) = self.id {
-                self.conn.withdraw(id);
-            }
-        }
+        self.withdrawn.cancel();
     }
 }
 

@@ -60,6 +60,11 @@ pub(crate) struct Conn {
     writer: FrameWriter,
     /// The broker understands `cancel`.
     can_cancel: AtomicBool,
+    /// The broker understands `requeue`.
+    can_requeue: AtomicBool,
+    /// The runtime the connection was made on: a frame sent from a drop
+    /// outside it waits there for room to be written.
+    runtime: tokio::runtime::Handle,
     /// Cancelled on close: the reader stops, wherever it runs.
     stop: CancellationToken,
     /// Set on close, before `stop` is cancelled: what the reader checks
@@ -96,9 +101,9 @@ struct State {
     subscriptions: HashMap<Uuid, mpsc::Sender<Message>>,
     /// Worker registrations, by the id of their `create_function` message.
     workers: HashMap<Uuid, Dispatch>,
-    /// Polls their caller gave up on, by id, with their queue: a message the
-    /// broker took for one before it learnt is offered back, not lost.
-    abandoned: HashMap<Uuid, String>,
+    /// Polls their caller gave up on, by id: a message the broker took for
+    /// one before it learnt is put back, not lost.
+    abandoned: HashMap<Uuid, Abandoned>,
     /// The id of the last call made without registering (see
     /// [`Conn::begin_unregistered`]): a call starting meanwhile must not
     /// take it. Left behind once that call ends; it then costs at most a
@@ -115,8 +120,17 @@ impl State {
         if self.abandoned.len() >= MAX_ABANDONED {
             self.abandoned.clear();
         }
-        self.abandoned.insert(id, queue);
+        let _settled = None;
+        self.abandoned.insert(id, Abandoned { queue, _settled });
     }
+}
+
+/// A poll given up by its caller, whose answer the broker may still send.
+struct Abandoned {
+    queue: String,
+    /// Dropped, never sent on, once the answer is in (or will never
+    /// come), which tells whoever waits for that (see [`Conn::settled`]).
+    _settled: Option<oneshot::Sender<()>>,
 }
 
 /// A call waiting for its response.
@@ -242,6 +256,8 @@ pub(crate) async fn establish(
     let (frame_writer, flusher) = FrameWriter::new(stream.writer);
     let conn = Arc::new(Conn {
         can_cancel: AtomicBool::new(false),
+        can_requeue: AtomicBool::new(false),
+        runtime: tokio::runtime::Handle::current(),
         stop: CancellationToken::new(),
         stopping: AtomicBool::new(false),
         state: Mutex::default(),
@@ -294,10 +310,11 @@ pub(crate) async fn establish(
         Err(_) => tubeway_proto::MAX_MESSAGE_SIZE_LIMIT,
     };
     conn.max_send.store(max_send, Ordering::Relaxed);
-    conn.can_cancel.store(
-        welcome.capabilities.iter().any(|c| c == ops::CAP_CANCEL),
-        Ordering::Relaxed,
-    );
+    let can = |cap: &str| welcome.capabilities.iter().any(|c| c == cap);
+    conn.can_cancel
+        .store(can(ops::CAP_CANCEL), Ordering::Relaxed);
+    conn.can_requeue
+        .store(can(ops::CAP_REQUEUE), Ordering::Relaxed);
 
     let reader = Reader::new(conn.clone(), frames);
     Ok(Established {
@@ -472,7 +489,7 @@ impl Conn {
         };
         let m = waiter.tx.send(m).err()?;
         // The caller gave up just now, after the entry was taken: a polled
-        // message is offered back like one for a withdrawn poll.
+        // message is put back like one for a withdrawn poll.
         let queue = waiter.poll_queue?;
         self.lock().abandon(cid, queue);
         Some(m)
@@ -501,10 +518,10 @@ impl Conn {
         match m.r#type {
             MessageType::Response => {
                 let abandoned = self.lock().abandoned.remove(&cid);
-                match abandoned {
+                match abandoned.map(|a| a.queue) {
                     Some(queue) if m.status().is_ok() => {
                         let conn = self.clone();
-                        return Some(Box::pin(async move { conn.offer_back(m, queue).await }));
+                        return Some(Box::pin(async move { conn.put_back(m, queue).await }));
                     }
                     _ => tracing::debug!("response to a call no longer waiting: {cid}"),
                 }
@@ -598,40 +615,41 @@ impl Conn {
         Box::pin(async move { conn.reply(to, status, &reason).await })
     }
 
-    /// Offers back a message the broker took for a poll its caller had
-    /// given up on: it goes to the end of its queue, not to waste.
-    async fn offer_back(&self, polled: Message, queue: String) {
-        if let Some(frame) = self.offer_back_frame(polled, queue) {
+    /// Puts back a message the broker handed to a poll its caller had
+    /// given up on: it goes back to its queue, not to waste.
+    async fn put_back(&self, polled: Message, queue: String) {
+        if let Some(frame) = self.put_back_frame(polled, queue) {
             let _ = self.send_frame(frame).await;
         }
     }
 
-    /// [`offer_back`](Self::offer_back) without waiting, for a drop path:
-    /// the write queue has room for it but in the rarest of cases.
-    pub(crate) fn offer_back_now(&self, polled: Message, queue: String) {
-        let what = format!("a message polled from {queue:?}");
-        if let Some(frame) = self.offer_back_frame(polled, queue) {
-            if !self.try_send_frame(frame) {
-                tracing::error!(
-                    "{what} could not be offered back: the write queue is full or closed"
-                );
-            }
+    /// [`put_back`](Self::put_back) from a drop path, which cannot wait.
+    pub(crate) fn put_back_now(&self, polled: Message, queue: String) {
+        if let Some(frame) = self.put_back_frame(polled, queue) {
+            self.send_soon(frame);
         }
     }
 
-    fn offer_back_frame(&self, polled: Message, queue: String) -> Option<EncodedFrame> {
+    fn put_back_frame(&self, polled: Message, queue: String) -> Option<EncodedFrame> {
         tracing::warn!(
-            "a poll on {queue:?} was answered after its caller gave up; offering its message back"
+            "a poll on {queue:?} was answered after its caller gave up; putting its message back"
         );
         let mut back = polled;
-        back.r#type = MessageType::Offer;
-        back.id = Uuid::new_v4();
         back.response_status = None;
-        back.correlation_id = None;
         back.destination = Some(queue);
         back.oneway = true;
-        // The broker waits this long for room in a full queue.
+        // What the broker does not take as requeued it offers, waiting
+        // this long for room in a full queue.
         back.timeout = Some(Duration::from_secs(30));
+        if self.can_requeue.load(Ordering::Relaxed) {
+            // To the head of its queue, past its capacity: its id and the
+            // poll's (the answer's `correlation_id`) say which it was.
+            back.r#type = MessageType::Requeue;
+        } else {
+            back.r#type = MessageType::Offer;
+            back.id = Uuid::new_v4();
+            back.correlation_id = None;
+        }
         self.encode(&back).ok()
     }
 
@@ -734,11 +752,6 @@ impl Conn {
             line: self.line.clone(),
             turn,
         }
-    }
-
-    /// Sends a frame if that needs no waiting; for drop paths, which cannot wait.
-    pub(crate) fn try_send_frame(&self, frame: EncodedFrame) -> bool {
-        self.writer.try_send(frame).unwrap_or(false)
     }
 
     /// [`register_pending_until`](Self::register_pending_until) with no deadline.
@@ -913,21 +926,46 @@ impl Conn {
         }
     }
 
-    /// Asks the broker to end the wait of request `id` at once, if it
-    /// understands `cancel`; it then answers the request as if its wait had
-    /// timed out (or with the message it had already taken for it).
-    pub(crate) fn withdraw(&self, id: Uuid) {
-        if self.can_cancel.load(Ordering::Relaxed) {
-            self.send_cancel(id);
-        }
+    /// Forgets a call given up before its request was written: there is
+    /// nothing to withdraw, and no answer will come.
+    pub(crate) fn forget_pending(&self, id: Uuid) {
+        let unsent = self.lock().pending.remove(&id);
+        drop(unsent);
     }
 
+    /// Waits until the answer to poll `id`, given up by its caller, is in
+    /// (and its message, if any, on its way back to its queue), or can no
+    /// longer come; at once if `id` is no such poll. What waits so keeps
+    /// the connection read until then.
+    pub(crate) async fn settled(&self, id: Uuid) {
+        let (tx, rx) = oneshot::channel();
+        match self.lock().abandoned.get_mut(&id) {
+            Some(a) => a._settled = Some(tx),
+            None => return,
+        }
+        let _ = rx.await;
+    }
+
+    /// Asks the broker to end the wait of request `id` at once; it then
+    /// answers the request as if its wait had timed out (or with the
+    /// message it had already taken for it).
     fn send_cancel(&self, id: Uuid) {
         let mut cancel = Message::new(MessageType::Cancel);
         cancel.correlation_id = Some(id);
         cancel.oneway = true;
         if let Ok(frame) = self.encode(&cancel) {
-            self.try_send_frame(frame);
+            self.send_soon(frame);
+        }
+    }
+
+    /// Sends `frame` from a path that cannot wait (a drop): when the write
+    /// queue is full, a task on the connection's runtime waits for room.
+    pub(crate) fn send_soon(&self, frame: EncodedFrame) {
+        if let Ok(Some(frame)) = self.writer.try_send_or_return(frame) {
+            let writer = self.writer.clone();
+            drop(self.runtime.spawn(async move {
+                let _ = writer.send(frame).await;
+            }));
         }
     }
 
@@ -989,7 +1027,7 @@ impl Conn {
     /// subscription and worker, stops the reader, and lets the writer flush
     /// what is queued and shut the stream down. Idempotent.
     pub(crate) fn close(&self, reason: &str) {
-        let (pending, subscriptions, workers) = {
+        let (pending, subscriptions, workers, abandoned) = {
             let mut s = self.lock();
             if s.closed.is_some() {
                 return;
@@ -999,6 +1037,7 @@ impl Conn {
                 std::mem::take(&mut s.pending),
                 std::mem::take(&mut s.subscriptions),
                 std::mem::take(&mut s.workers),
+                std::mem::take(&mut s.abandoned),
             )
         };
         self.writer.close();
@@ -1006,7 +1045,7 @@ impl Conn {
         // so not among `pending`) wakes and fails too.
         self.writer.stop_reading();
         // Dropped outside the lock: waking waiters must not contend on it.
-        drop((pending, subscriptions, workers));
+        drop((pending, subscriptions, workers, abandoned));
         self.stopping.store(true, Ordering::Release);
         self.stop.cancel();
     }

@@ -323,7 +323,10 @@ impl AsyncClient {
         Ok(Launched {
             client: self.clone(),
             call: Some(LaunchedCall {
-                answer: pending.into_parts(),
+                answer: pending.into_parts().map(|mut a| {
+                    a.written = unsent.is_none();
+                    a
+                }),
                 frame: unsent,
                 pipelined,
                 swept,
@@ -748,6 +751,10 @@ struct AnswerParts {
     rx: oneshot::Receiver<Box<Message>>,
     /// A poll's queue, where an answer left untaken goes back.
     poll_queue: Option<Box<str>>,
+    /// Whether the request was written (or queued for writing): a call
+    /// given up before has nothing to withdraw. (Here, not in the guard,
+    /// it takes no room in the future of every call.)
+    written: bool,
 }
 
 impl<'a> PendingGuard<'a> {
@@ -758,11 +765,25 @@ impl<'a> PendingGuard<'a> {
         poll_queue: Option<String>,
     ) -> Self {
         let poll_queue = poll_queue.map(String::into_boxed_str);
-        Self::from_parts(conn, Some(AnswerParts { id, rx, poll_queue }))
+        let written = true;
+        let answer = AnswerParts {
+            id,
+            rx,
+            poll_queue,
+            written,
+        };
+        Self::from_parts(conn, Some(answer))
     }
 
     fn from_parts(conn: &'a Conn, answer: Option<AnswerParts>) -> Self {
         PendingGuard { conn, answer }
+    }
+
+    /// Marks the request written, or not yet.
+    fn set_written(&mut self, written: bool) {
+        if let Some(a) = self.answer.as_mut() {
+            a.written = written;
+        }
     }
 
     /// What it holds, disarmed, for a guard made again elsewhere (a call
@@ -793,13 +814,17 @@ impl Drop for PendingGuard<'_> {
         let Some(mut answer) = self.answer.take() else {
             return;
         };
+        if !answer.written {
+            self.conn.forget_pending(answer.id);
+            return;
+        }
         self.conn.remove_pending(answer.id);
         // The entry gone, the reader can hand over nothing more; what it
         // handed over before the caller gave up is in the channel.
         if let Some(queue) = answer.poll_queue {
             if let Ok(polled) = answer.rx.try_recv() {
                 if polled.status().is_ok() {
-                    self.conn.offer_back_now(*polled, queue.into());
+                    self.conn.put_back_now(*polled, queue.into());
                 }
             }
         }
@@ -862,6 +887,7 @@ impl<'a> Started<'a> {
     ) -> Result<(&'a Conn, std::result::Result<Box<Message>, RecvError>)> {
         let conn = self.pending.conn;
         if let Some(frame) = self.frame.take() {
+            self.pending.set_written(false);
             if self.handed_over.is_none() && !conn.none_handed_over() {
                 // Requests made earlier wait for room: this one waits behind them.
                 self.handed_over = Some(Box::new(conn.hand_over()));
@@ -894,6 +920,7 @@ impl<'a> Started<'a> {
                     .await?
                 }
             }
+            self.pending.set_written(true);
         }
         self.handed_over = None;
         let answer = self.pending.answer().await;

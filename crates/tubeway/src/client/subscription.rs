@@ -45,11 +45,11 @@ impl Drop for Membership {
     fn drop(&mut self) {
         let conn = self.client.conn();
         if self.active && conn.remove_subscription(self.id) {
-            // Best effort: a drop cannot wait for the queue or the answer.
+            // A drop cannot wait for room or for the answer.
             let mut msg = self.message();
             msg.oneway = true;
             if let Ok(frame) = conn.encode(&msg) {
-                conn.try_send_frame(frame);
+                conn.send_soon(frame);
             }
         }
     }

@@ -119,12 +119,18 @@ async fn pair() -> (AsyncClient, Peer) {
 
 /// A pair whose broker understands `cancel`.
 async fn pair_that_cancels() -> (AsyncClient, Peer) {
+    pair_that_can(&[ops::CAP_CANCEL]).await
+}
+
+/// A pair whose broker has `capabilities`.
+async fn pair_that_can(capabilities: &[&str]) -> (AsyncClient, Peer) {
     let url = mem_url();
     let mut listener = Listener::bind(&url).await.unwrap();
     let url = url.to_string();
+    let capabilities = capabilities.iter().map(|&c| c.into()).collect();
     let (client, peer) = tokio::join!(AsyncClient::connect(&url), async {
         let mut peer = accept(&mut listener).await;
-        welcome_with(&mut peer, 1 << 20, vec![ops::CAP_CANCEL.into()]).await;
+        welcome_with(&mut peer, 1 << 20, capabilities).await;
         peer
     });
     (client.unwrap(), peer)
@@ -395,13 +401,13 @@ async fn a_poll_that_times_out_is_withdrawn_and_its_late_message_offered_back() 
     let req = peer.recv().await;
     let r = within(poll).await.unwrap();
     assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
-    expect_withdrawn_then_offer_back(&mut peer, &req).await;
+    expect_withdrawn_then_put_back(&mut peer, &req).await;
 }
 
 /// Expects poll `req` on `jobs` withdrawn, then answers it with a message
 /// (as a broker that had sent it already would) and expects that message
 /// offered back to its queue.
-async fn expect_withdrawn_then_offer_back(peer: &mut Peer, req: &Message) {
+async fn expect_withdrawn_then_put_back(peer: &mut Peer, req: &Message) {
     let cancel = peer.recv().await;
     assert_eq!(cancel.r#type, MessageType::Cancel);
     assert_eq!(cancel.correlation_id, Some(req.id));
@@ -416,6 +422,64 @@ async fn expect_withdrawn_then_offer_back(peer: &mut Peer, req: &Message) {
     assert_eq!(back.text_payload().unwrap(), "job 1");
     assert!(back.oneway);
     assert_ne!(back.id, req.id);
+}
+
+/// With a broker that understands `requeue`, the message goes back as
+/// what it is, the message that poll was handed: its own id, the poll's as
+/// `correlation_id` (by which the broker knows it, and puts it back at the
+/// head of its queue).
+#[tokio::test]
+async fn a_message_for_a_withdrawn_poll_is_requeued() {
+    let (client, mut peer) = pair_that_can(&[ops::CAP_CANCEL, ops::CAP_REQUEUE]).await;
+    let c = client.clone();
+    let poll = tokio::spawn(async move { c.poll("jobs", Duration::from_secs(60)).await });
+    let req = peer.recv().await;
+    poll.abort();
+    let cancel = peer.recv().await;
+    assert_eq!(cancel.r#type, MessageType::Cancel);
+    let mut answer =
+        req.response(ResponseStatus::Ok)
+            .with_text("job 1", tubeway_proto::MIME_TEXT, "utf-8");
+    answer.subject = Some("resize".into());
+    peer.send(&answer).await;
+    let back = peer.recv().await;
+    assert_eq!(back.r#type, MessageType::Requeue);
+    assert_eq!(back.id, answer.id);
+    assert_eq!(back.correlation_id, Some(req.id));
+    assert_eq!(back.response_status, None);
+    assert_eq!(back.destination.as_deref(), Some("jobs"));
+    assert_eq!(back.subject.as_deref(), Some("resize"));
+    assert_eq!(back.text_payload().unwrap(), "job 1");
+    assert!(back.oneway);
+}
+
+/// A message going back from a drop path (which cannot wait) while the
+/// write queue is full waits for room on the connection's runtime: it is
+/// not lost.
+#[tokio::test]
+async fn a_message_put_back_while_the_write_queue_is_full_waits_for_room() {
+    let (client, mut peer) = pair_with(ClientOptions::default(), 64 << 20).await;
+    // The peer reads nothing yet: this request fills the socket and the
+    // write queue.
+    let big = Message::binary(vec![0u8; 2 * tubeway_transport::WRITE_QUEUE_BYTES], None);
+    let _big = spawn_request(&client, big, Duration::from_secs(60));
+    let conn = client.conn();
+    within(async {
+        while !conn.write_backlog() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let mut polled = Message::plain_text("job 1");
+    polled.r#type = MessageType::Response;
+    polled.response_status = Some(ResponseStatus::Ok);
+    polled.correlation_id = Some(uuid::Uuid::new_v4());
+    conn.put_back_now(polled, "jobs".into());
+    assert_eq!(peer.recv().await.r#type, MessageType::Request);
+    let back = peer.recv().await;
+    assert_eq!(back.r#type, MessageType::Offer);
+    assert_eq!(back.destination.as_deref(), Some("jobs"));
+    assert_eq!(back.text_payload().unwrap(), "job 1");
 }
 
 #[tokio::test]
@@ -1242,7 +1306,7 @@ async fn a_message_for_a_withdrawn_poll_is_offered_back() {
     let req = peer.recv().await;
     assert_eq!(req.r#type, MessageType::Poll);
     poll.abort();
-    expect_withdrawn_then_offer_back(&mut peer, &req).await;
+    expect_withdrawn_then_put_back(&mut peer, &req).await;
     // An empty answer to a withdrawn poll is simply dropped.
     let c = client.clone();
     let poll = tokio::spawn(async move { c.poll("jobs", Duration::from_secs(60)).await });
@@ -1460,14 +1524,65 @@ fn a_background_poll_loses_no_message() {
         rx.recv_timeout(STEP).unwrap().unwrap().as_deref(),
         Some("job 2")
     );
-    // This broker does not understand `cancel`: the withdrawn poll waits
-    // for its answer all the same.
+    // This broker does not understand `cancel`: the withdrawn poll's
+    // callback learns it at once, and the answer that comes later goes back.
     let third = poll(true);
     third.withdraw();
     withdrawn_tx.send(()).unwrap();
     let got = rx.recv_timeout(STEP).unwrap();
     assert!(matches!(got, Err(Error::Interrupted)), "{got:?}");
     broker.block_on(within(served)).unwrap();
+}
+
+/// A poll withdrawn while its request still waits for room in the write
+/// queue ends at once, and is neither written nor withdrawn at the broker.
+#[test]
+fn a_poll_withdrawn_before_it_was_written_ends_at_once() {
+    let (read_now, reading) = tokio::sync::oneshot::channel::<()>();
+    let (seen_tx, seen_rx) = std::sync::mpsc::channel();
+    let options = ClientOptions::default();
+    let (client, broker, served) =
+        blocking_pair_that_can(options, &[ops::CAP_CANCEL], |mut peer| async move {
+            reading.await.unwrap();
+            loop {
+                let m = peer.recv().await;
+                seen_tx.send(m.r#type).unwrap();
+                if !m.oneway {
+                    peer.answer(&m, ResponseStatus::Ok).await;
+                }
+                if m.r#type == MessageType::Ping {
+                    break;
+                }
+            }
+        });
+    // Four of these fill most of the write queue; the fifth has no room.
+    let big = bytes::Bytes::from(vec![7u8; 1_000_000]);
+    for _ in 0..5 {
+        let m = Message::binary(big.clone(), None);
+        client.send_oneway_then("f", m, |_| {}).unwrap();
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let poll = client
+        .poll_then("jobs", Duration::from_secs(60), move |r| {
+            tx.send(r.map(|p| p.is_some())).unwrap();
+        })
+        .unwrap();
+    assert_eq!(
+        client.as_async().conn().in_line(),
+        2,
+        "the poll waits for room"
+    );
+    poll.withdraw();
+    let got = rx.recv_timeout(STEP).unwrap();
+    assert!(matches!(got, Err(Error::Interrupted)), "{got:?}");
+    read_now.send(()).unwrap();
+    client.ping().unwrap();
+    broker.block_on(within(served)).unwrap();
+    let seen: Vec<_> = seen_rx.try_iter().collect();
+    assert_eq!(
+        seen,
+        [[MessageType::Request; 5].as_slice(), &[MessageType::Ping]].concat()
+    );
 }
 
 /// A fake broker on a runtime of its own, for a blocking client on the
@@ -1480,12 +1595,26 @@ where
     F: FnOnce(Peer) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    blocking_pair_that_can(options, &[], serve)
+}
+
+/// [`blocking_pair`] whose broker has `capabilities`.
+fn blocking_pair_that_can<F, Fut>(
+    options: ClientOptions,
+    capabilities: &[&str],
+    serve: F,
+) -> (Client, tokio::runtime::Runtime, tokio::task::JoinHandle<()>)
+where
+    F: FnOnce(Peer) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let broker = tokio::runtime::Runtime::new().unwrap();
     let url = mem_url();
     let mut listener = broker.block_on(Listener::bind(&url)).unwrap();
+    let capabilities = capabilities.iter().map(|&c| c.into()).collect();
     let served = broker.spawn(async move {
         let mut peer = accept(&mut listener).await;
-        welcome(&mut peer, 1 << 20).await;
+        welcome_with(&mut peer, 1 << 20, capabilities).await;
         serve(peer).await;
     });
     let client = Client::connect_with(&url.to_string(), options).unwrap();

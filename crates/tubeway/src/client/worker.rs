@@ -79,7 +79,7 @@ impl Drop for Worker {
             let mut msg = self.remove_message();
             msg.oneway = true;
             if let Ok(frame) = conn.encode(&msg) {
-                conn.try_send_frame(frame);
+                conn.send_soon(frame);
             }
         }
     }
