@@ -79,16 +79,17 @@ impl PyClient {
     }
 }
 
-/// Withdraws a poll of `tubeway.aio` (see `Client._poll_to_loop`).
-#[pyclass(name = "_PollHandle", module = "tubeway", frozen)]
+/// Withdraws a poll or an offer of `tubeway.aio` (see
+/// `Client._poll_to_loop`, `Client._offer_to_loop`).
+#[pyclass(name = "_WaitHandle", module = "tubeway", frozen)]
 #[derive(Debug)]
-pub struct PyPollHandle {
-    handle: tubeway::blocking::PollHandle,
+pub struct PyWaitHandle {
+    handle: tubeway::blocking::WaitHandle,
 }
 
 #[pymethods]
-impl PyPollHandle {
-    /// Withdraws the poll unless its result is in already.
+impl PyWaitHandle {
+    /// Withdraws the call unless its outcome is in already.
     fn withdraw(&self) {
         self.handle.withdraw();
     }
@@ -358,16 +359,17 @@ impl PyClient {
         timeout: f64,
         inbox: &PyLoopInbox,
         future: Py<PyAny>,
-    ) -> PyResult<PyPollHandle> {
+    ) -> PyResult<PyWaitHandle> {
         let timeout = seconds(Some(timeout))?.unwrap_or_default();
         let handle = self.to_loop(inbox, future, |c, reply| {
             c.poll_then(&queue, timeout, move |r| reply.post(Reply::Poll(r)))
         })?;
-        Ok(PyPollHandle { handle })
+        Ok(PyWaitHandle { handle })
     }
 
     /// Offers `message` to `queue`; the outcome resolves `future` (`None`)
-    /// on the loop that `inbox` belongs to (see `tubeway.aio`).
+    /// on the loop that `inbox` belongs to (see `tubeway.aio`). The handle
+    /// withdraws the offer.
     #[pyo3(signature = (queue, message, timeout, inbox, future))]
     fn _offer_to_loop(
         &self,
@@ -376,12 +378,13 @@ impl PyClient {
         timeout: f64,
         inbox: &PyLoopInbox,
         future: Py<PyAny>,
-    ) -> PyResult<()> {
+    ) -> PyResult<PyWaitHandle> {
         let msg = to_message(message)?;
         let timeout = seconds(Some(timeout))?.unwrap_or_default();
-        self.to_loop(inbox, future, |c, reply| {
+        let handle = self.to_loop(inbox, future, |c, reply| {
             c.offer_then(&queue, msg, timeout, move |r| reply.post(Reply::Done(r)))
-        })
+        })?;
+        Ok(PyWaitHandle { handle })
     }
 
     /// Creates a queue (idempotent with the same settings); returns its status.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import select
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -164,6 +165,33 @@ def test_a_cancelled_poll_loses_no_message(server: tubeway.Server) -> None:
                 await task
             assert (await c.poll("q", timeout=5)).text == "second"
             assert (await c.queue_status("q"))["size"] == 0
+
+    run(main())
+
+
+def test_a_cancelled_offer_is_not_queued_later(server: tubeway.Server) -> None:
+    """An offer cancelled while it waits for room is withdrawn at the broker:
+    room made later does not take it."""
+
+    async def main() -> None:
+        async with tubeway.aio.Client(server.url, timeout=10) as c:
+            await c.create_queue("full", capacity=1)
+            await c.offer("full", "first")
+            inbox = c._inbox
+            assert inbox is not None
+            before = inbox.resolved
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(c.offer("full", "cancelled", timeout=20), 0.2)
+            # The client gives the offer up (its withdrawal written) before
+            # it posts the outcome nobody waits for any more.
+            deadline = time.monotonic() + 5
+            while inbox.resolved == before:
+                assert time.monotonic() < deadline, "the offer was not given up"
+                await asyncio.sleep(0.001)
+            assert (await c.poll("full", timeout=5)).text == "first"
+            # The room made by that poll would have let the offer in by now.
+            with pytest.raises(tubeway.QueueEmpty):
+                await c.poll("full", timeout=1)
 
     run(main())
 

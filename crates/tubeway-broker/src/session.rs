@@ -1106,13 +1106,16 @@ impl Session {
                 let to2 = to.clone();
                 let waiting = self.shared.waiting(to.id);
                 self.spawn(to, async move {
+                    // The withdrawal first: room that appeared as it came
+                    // must not take an offer its client has given up.
                     let r = tokio::select! {
-                        r = q.offer(m, wait_until) => r.map(|()| ok(&to2)).map_err(|e| queue_error(&q.name, e)),
-                        _ = shutdown.cancelled() => Err(BrokerError::shutting_down()),
+                        biased;
                         () = waiting.token.cancelled() => Err(BrokerError::new(
                             ResponseStatus::QueueFull,
                             "offer withdrawn by the client",
                         )),
+                        _ = shutdown.cancelled() => Err(BrokerError::shutting_down()),
+                        r = q.offer(m, wait_until) => r.map(|()| ok(&to2)).map_err(|e| queue_error(&q.name, e)),
                     };
                     Some(r)
                 })
@@ -1170,12 +1173,13 @@ impl Session {
                 let waiting = self.shared.waiting(to.id);
                 self.spawn(to, async move {
                     let r = tokio::select! {
-                        r = q.poll(wait_until) => r,
-                        _ = shutdown.cancelled() => return Some(Err(BrokerError::shutting_down())),
+                        biased;
                         () = waiting.token.cancelled() => return Some(Err(BrokerError::new(
                             ResponseStatus::QueueEmpty,
                             "poll withdrawn by the client",
                         ))),
+                        _ = shutdown.cancelled() => return Some(Err(BrokerError::shutting_down())),
+                        r = q.poll(wait_until) => r,
                     };
                     match r {
                         // Withdrawn while the message was being taken: it

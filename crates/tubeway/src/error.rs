@@ -68,8 +68,8 @@ pub enum Error {
     #[error(transparent)]
     Payload(#[from] PayloadError),
     /// A blocking call's wait was cut short by its thread's interrupt check
-    /// (see [`crate::blocking::interruptible`]), or a background poll was
-    /// withdrawn (see [`crate::blocking::PollHandle::withdraw`]); what it
+    /// (see [`crate::blocking::interruptible`]), or a background poll or
+    /// offer was withdrawn (see [`crate::blocking::WaitHandle::withdraw`]); what it
     /// waited for is abandoned, as on a timeout.
     #[error("interrupted while waiting")]
     Interrupted,

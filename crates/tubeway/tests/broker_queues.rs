@@ -30,6 +30,8 @@ crate::transport_tests! {
     withdrawn_poll_does_not_take_a_message,
     background_offer_publish_and_poll,
     a_message_given_up_goes_back_to_the_head,
+    an_offer_given_up_is_not_queued_later,
+    a_withdrawn_background_offer_is_not_queued,
 }
 
 const SHORT: Duration = Duration::from_secs(1);
@@ -726,4 +728,67 @@ async fn a_message_given_up_goes_back_to_the_head(h: &Harness) {
         order,
         [Some("a".into()), Some("b".into()), Some("c".into()), None]
     );
+}
+
+/// An offer waiting for room whose caller gives up is withdrawn at the
+/// broker: room that appears later does not take it.
+async fn an_offer_given_up_is_not_queued_later(h: &Harness) {
+    let c = h.client().await;
+    step(c.create_queue("given-up", 1, QueueKind::Bounded))
+        .await
+        .unwrap();
+    step(c.offer("given-up", Message::plain_text("first"), SHORT))
+        .await
+        .unwrap();
+    let quitter = h.client().await;
+    let mut offer = Box::pin(quitter.offer(
+        "given-up",
+        Message::plain_text("given up"),
+        Duration::from_secs(20),
+    ));
+    common::start(&mut offer).await;
+    step(quitter.ping()).await.unwrap(); // the offer waits at the broker
+    drop(offer); // the caller gives up; the client withdraws the offer
+    step(quitter.ping()).await.unwrap(); // the withdrawal has arrived
+    let first = step(c.poll("given-up", SHORT)).await.unwrap().unwrap();
+    assert_eq!(text(&first), "first");
+    // The room made by that poll would have let the offer in by now.
+    let after = step(c.poll("given-up", SHORT)).await.unwrap();
+    assert!(after.is_none(), "{after:?}");
+}
+
+/// `offer_then`'s handle withdraws an offer waiting for room: its callback
+/// learns at once, and room made later does not take it.
+async fn a_withdrawn_background_offer_is_not_queued(h: &Harness) {
+    let (url, options) = (h.url.clone(), h.client_options());
+    let (withdrawn, took, after) = on_thread(move || {
+        let c = Client::connect_with(&url, options).unwrap();
+        c.create_queue("bg-offer", 1, QueueKind::Bounded).unwrap();
+        c.offer("bg-offer", Message::plain_text("first"), SHORT)
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let started = Instant::now();
+        let waiting = c
+            .offer_then(
+                "bg-offer",
+                Message::plain_text("withdrawn"),
+                Duration::from_secs(20),
+                move |r| tx.send(r.map_err(|e| e.to_string())).unwrap(),
+            )
+            .unwrap();
+        c.ping().unwrap(); // the offer waits at the broker
+        waiting.withdraw();
+        let withdrawn = rx.recv_timeout(STEP).unwrap();
+        let took = started.elapsed();
+        c.ping().unwrap(); // the withdrawal has arrived
+        let first = c.poll("bg-offer", SHORT).unwrap().map(|m| text(&m));
+        assert_eq!(first.as_deref(), Some("first"));
+        // The room made by that poll would have let the offer in by now.
+        let after = c.poll("bg-offer", SHORT).unwrap().map(|m| text(&m));
+        (withdrawn, took, after)
+    })
+    .await;
+    assert!(withdrawn.is_err(), "{withdrawn:?}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert_eq!(after, None);
 }

@@ -158,9 +158,13 @@ class Client:
         return await _run(self.blocking.list_functions)
 
     async def offer(self, queue: str, message: Any, timeout: float = 0.0) -> None:
+        """As :meth:`tubeway.Client.offer`. Cancelled while it waits for room,
+        the offer is withdrawn at the broker: unless the broker had queued it
+        already, it is not queued later."""
         client = self.blocking
         future = asyncio.get_running_loop().create_future()
-        client._offer_to_loop(queue, message, timeout, self._inbox_here(), future)
+        handle = client._offer_to_loop(queue, message, timeout, self._inbox_here(), future)
+        future.add_done_callback(lambda f: f.cancelled() and handle.withdraw())
         await future
 
     async def poll(self, queue: str, timeout: float = 0.0) -> _tubeway.Message:

@@ -42,7 +42,7 @@ use tubeway_proto::{ops, Message};
 use tubeway_transport::Url;
 use uuid::Uuid;
 
-use super::connection::{poll_queue, Conn, Reader};
+use super::connection::{Conn, Reader, Waits};
 use super::{function_call, AsyncClient, ClientOptions, HandlerError, Started};
 use crate::{Error, Result};
 
@@ -448,7 +448,7 @@ impl Driver {
             drop(held);
             return client.start(msg).map(waiting);
         }
-        let (id, poll_queue) = (msg.id, poll_queue(&msg));
+        let (id, waits) = (msg.id, Waits::of(&msg));
         let frame = conn.encode_owned(msg)?;
         let unsent = conn.try_send_as(frame, false)?;
         // The runtime's context, for what routing other messages starts;
@@ -489,7 +489,7 @@ impl Driver {
         }
         // Registered before the reader is put back: its answer has not been
         // read, so whoever reads next routes it to the call.
-        let started = client.started_unregistered(id, poll_queue, unsent)?;
+        let started = client.started_unregistered(id, waits, unsent)?;
         drop(held);
         Ok(Call::Waiting(started, left()))
     }
@@ -949,18 +949,29 @@ impl Client {
     where
         F: FnOnce(Result<Message>) + Send + 'static,
     {
-        self.request_then(|c| c.launch_call(function, msg), Ok, then)
+        self.request_then(|c| c.launch_call(function, msg), Ok, then, None)
     }
 
     /// Offers `msg` to `queue` in the background, the broker waiting up to
     /// `timeout` for room; `then` gets the outcome as
-    /// [`send_then`](Self::send_then)'s callback gets a reply.
-    pub fn offer_then<F>(&self, queue: &str, msg: Message, timeout: Duration, then: F) -> Result<()>
+    /// [`send_then`](Self::send_then)'s callback gets a reply. The returned
+    /// handle withdraws the offer: one the broker had not queued yet is
+    /// then not queued at all.
+    pub fn offer_then<F>(
+        &self,
+        queue: &str,
+        msg: Message,
+        timeout: Duration,
+        then: F,
+    ) -> Result<WaitHandle>
     where
         F: FnOnce(Result<()>) + Send + 'static,
     {
         let msg = super::offer_request(queue, msg, timeout);
-        self.request_then(|c| c.launch(msg), |_| Ok(()), then)
+        let handle = WaitHandle::new();
+        let withdrawn = Some(handle.withdrawn.clone());
+        self.request_then(|c| c.launch(msg), |_| Ok(()), then, withdrawn)?;
+        Ok(handle)
     }
 
     /// Publishes `msg` to `topic` in the background; `then` gets the
@@ -970,17 +981,20 @@ impl Client {
         F: FnOnce(Result<()>) + Send + 'static,
     {
         let msg = super::publish_request(topic, msg);
-        self.request_then(|c| c.launch(msg), |_| Ok(()), then)
+        self.request_then(|c| c.launch(msg), |_| Ok(()), then, None)
     }
 
     /// The body of the `*_then` calls: the request written from this
     /// thread (see `AsyncClient::launch`), its answer, made `T` by `answer`
-    /// when its status is `ok`, handed to `then` on the background thread.
+    /// when its status is `ok`, handed to `then` on the background thread;
+    /// or [`Error::Interrupted`] once `withdrawn` is cancelled, if given,
+    /// which gives the call up (and withdraws it at the broker).
     fn request_then<T, F>(
         &self,
         launch: impl FnOnce(&AsyncClient) -> Result<super::Launched>,
         answer: fn(Message) -> Result<T>,
         then: F,
+        withdrawn: Option<CancellationToken>,
     ) -> Result<()>
     where
         T: Send + 'static,
@@ -994,10 +1008,16 @@ impl Client {
         let launched = launch(&self.inner);
         let call = async move {
             let _duty = duty;
-            then(match launched {
-                Ok(call) => call.reply().await.and_then(answer),
-                Err(e) => Err(e),
-            });
+            let reply = match (launched, withdrawn) {
+                (Ok(call), None) => call.reply().await,
+                (Ok(call), Some(withdrawn)) => tokio::select! {
+                    biased;
+                    reply = call.reply() => reply,
+                    () = withdrawn.cancelled() => Err(Error::Interrupted),
+                },
+                (Err(e), _) => Err(e),
+            };
+            then(reply.and_then(answer));
         };
         drop(self.exec.runtime()?.spawn(call));
         Ok(())
@@ -1010,7 +1030,7 @@ impl Client {
     /// had taken for a poll withdrawn meanwhile, or one `then` got but
     /// dropped (see [`Polled`]), goes back to its queue. Fails only if the
     /// background cannot start.
-    pub fn poll_then<F>(&self, queue: &str, timeout: Duration, then: F) -> Result<PollHandle>
+    pub fn poll_then<F>(&self, queue: &str, timeout: Duration, then: F) -> Result<WaitHandle>
     where
         F: FnOnce(Result<Option<Polled>>) + Send + 'static,
     {
@@ -1018,9 +1038,7 @@ impl Client {
         let launched = self.inner.launch(super::poll_request(queue, timeout));
         let id = launched.as_ref().ok().and_then(super::Launched::id);
         let conn = self.inner.conn_arc();
-        let handle = PollHandle {
-            withdrawn: CancellationToken::new(),
-        };
+        let handle = WaitHandle::new();
         let (withdrawn, queue) = (handle.withdrawn.clone(), queue.to_owned());
         let call = async move {
             let duty = duty;
@@ -1329,18 +1347,26 @@ impl Drop for Polled {
     }
 }
 
-/// Withdraws a poll started by [`Client::poll_then`].
+/// Withdraws a background call that waits at the broker: a poll started
+/// by [`Client::poll_then`] or an offer started by [`Client::offer_then`].
 #[derive(Debug)]
-pub struct PollHandle {
+pub struct WaitHandle {
     withdrawn: CancellationToken,
 }
 
-impl PollHandle {
-    /// Withdraws the poll unless its result is in already: its callback
-    /// gets [`Error::Interrupted`] at once, the broker ends the poll's wait
-    /// (if it understands `cancel`; a poll still waiting for room to be
-    /// written is never sent), and a message it had taken for the poll
-    /// meanwhile goes back to its queue.
+impl WaitHandle {
+    fn new() -> Self {
+        WaitHandle {
+            withdrawn: CancellationToken::new(),
+        }
+    }
+
+    /// Withdraws the call unless its outcome is in already: its callback
+    /// gets [`Error::Interrupted`] at once, and the broker ends the call's
+    /// wait (if it understands `cancel`; a request still waiting for room
+    /// to be written is never sent). A message the broker had taken for a
+    /// poll meanwhile goes back to its queue; an offer it had queued
+    /// already stays queued.
     pub fn withdraw(&self) {
         self.withdrawn.cancel();
     }

@@ -136,9 +136,8 @@ struct Abandoned {
 /// A call waiting for its response.
 struct Waiter {
     tx: oneshot::Sender<Box<Message>>,
-    /// The queue, for a poll: its message must not be lost if the caller
-    /// is gone when it arrives.
-    poll_queue: Option<String>,
+    /// What the call waits for at the broker, if anything.
+    waits: Waits,
     /// When the sweeper fails the call, if it watches it.
     expires: Option<Instant>,
 }
@@ -490,7 +489,9 @@ impl Conn {
         let m = waiter.tx.send(m).err()?;
         // The caller gave up just now, after the entry was taken: a polled
         // message is put back like one for a withdrawn poll.
-        let queue = waiter.poll_queue?;
+        let Waits::Message(queue) = waiter.waits else {
+            return None;
+        };
         self.lock().abandon(cid, queue);
         Some(m)
     }
@@ -776,18 +777,14 @@ impl Conn {
         msg: &mut Message,
         deadline: Option<Instant>,
     ) -> Result<(oneshot::Receiver<Box<Message>>, bool, bool)> {
-        let poll_queue = poll_queue(msg);
+        let waits = Waits::of(msg);
         let expires = deadline.filter(|_| self.swept.load(Ordering::Relaxed));
         let mut s = self.lock();
         if let Some(reason) = &s.closed {
             return Err(Error::ConnectionClosed(reason.clone()));
         }
         let (tx, rx) = oneshot::channel();
-        let waiter = Waiter {
-            tx,
-            poll_queue,
-            expires,
-        };
+        let waiter = Waiter { tx, waits, expires };
         // Calls of one timeout come in the order they expire: only the
         // first after a sweep, or one with a shorter timeout, moves the
         // sweep forward.
@@ -888,7 +885,7 @@ impl Conn {
     pub(crate) fn register_sent(
         &self,
         id: Uuid,
-        poll_queue: Option<String>,
+        waits: Waits,
     ) -> Result<oneshot::Receiver<Box<Message>>> {
         let mut s = self.lock();
         if let Some(reason) = &s.closed {
@@ -898,7 +895,7 @@ impl Conn {
         // Vacant: no call registered meanwhile took this id.
         let waiter = Waiter {
             tx,
-            poll_queue,
+            waits,
             expires: None,
         };
         s.pending.insert(id, waiter);
@@ -906,19 +903,22 @@ impl Conn {
         Ok(rx)
     }
 
-    /// Forgets a call once it has ended. A poll that ended unanswered (its
-    /// caller gave up) is withdrawn at the broker, and remembered in case
+    /// Forgets a call once it has ended. A poll or an offer that ended
+    /// unanswered (its caller gave up) is withdrawn at the broker, so that
+    /// an offer given up is not queued later; a poll is remembered in case
     /// the broker had already sent it a message.
     pub(crate) fn remove_pending(&self, id: Uuid) {
         let withdraw = {
             let mut s = self.lock();
             let unanswered = s.pending.remove(&id);
-            match unanswered.and_then(|w| w.poll_queue) {
-                Some(queue) if s.closed.is_none() => {
+            match unanswered.map(|w| w.waits) {
+                _ if s.closed.is_some() => false,
+                Some(Waits::Message(queue)) => {
                     s.abandon(id, queue);
                     self.can_cancel.load(Ordering::Relaxed)
                 }
-                _ => false,
+                Some(Waits::Room) => self.can_cancel.load(Ordering::Relaxed),
+                Some(Waits::Nothing) | None => false,
             }
         };
         if withdraw {
@@ -1051,12 +1051,40 @@ impl Conn {
     }
 }
 
-/// The queue of a poll, whose message must not be lost if its caller is
-/// gone when it arrives.
-pub(crate) fn poll_queue(msg: &Message) -> Option<String> {
+/// The queue of a poll.
+pub(crate) fn poll_queue(msg: &Message) -> Option<&str> {
     (msg.r#type == MessageType::Poll)
-        .then(|| msg.destination.clone())
+        .then_some(msg.destination.as_deref())
         .flatten()
+}
+
+/// What a call waits for at the broker, which its caller's giving up
+/// withdraws.
+pub(crate) enum Waits {
+    Nothing,
+    /// An offer: room in its queue.
+    Room,
+    /// A poll: a message from this queue, which must not be lost if the
+    /// caller is gone when it arrives.
+    Message(String),
+}
+
+impl Waits {
+    pub(crate) fn of(msg: &Message) -> Waits {
+        match poll_queue(msg) {
+            Some(queue) => Waits::Message(queue.to_owned()),
+            None if msg.r#type == MessageType::Offer && msg.timeout.is_some() => Waits::Room,
+            None => Waits::Nothing,
+        }
+    }
+
+    /// A poll's queue.
+    pub(crate) fn queue(&self) -> Option<&str> {
+        match self {
+            Waits::Message(queue) => Some(queue),
+            _ => None,
+        }
+    }
 }
 
 /// Answers a call to a function this connection serves: right here when

@@ -20,7 +20,7 @@ mod connection;
 mod subscription;
 mod worker;
 
-use connection::{poll_queue, Conn, HandedOver};
+use connection::{poll_queue, Conn, HandedOver, Waits};
 pub use subscription::{Subscription, SubscriptionHandle};
 pub use worker::{HandlerError, Worker};
 
@@ -266,7 +266,7 @@ impl AsyncClient {
     ) -> Result<Started<'_>> {
         let conn = self.conn();
         let (rx, pipelined, swept) = conn.register_pending_until(&mut msg, deadline)?;
-        let queue = poll_queue(&msg);
+        let queue = poll_queue(&msg).map(Box::from);
         let pending = PendingGuard::new(conn, msg.id, rx, queue);
         let frame = conn.encode_owned(msg)?;
         Ok(Started {
@@ -284,13 +284,16 @@ impl AsyncClient {
     pub(crate) fn started_unregistered(
         &self,
         id: uuid::Uuid,
-        poll_queue: Option<String>,
+        waits: Waits,
         unsent: Option<EncodedFrame>,
     ) -> Result<Started<'_>> {
         let conn = self.conn();
-        let rx = conn.register_sent(id, poll_queue.clone())?;
+        let queue = waits.queue().map(Box::from);
+        let rx = conn.register_sent(id, waits)?;
+        let mut pending = PendingGuard::new(conn, id, rx, queue);
+        pending.set_written(unsent.is_none());
         Ok(Started {
-            pending: PendingGuard::new(conn, id, rx, poll_queue),
+            pending,
             frame: unsent,
             pipelined: false,
             swept: None,
@@ -762,10 +765,11 @@ impl<'a> PendingGuard<'a> {
         conn: &'a Conn,
         id: uuid::Uuid,
         rx: oneshot::Receiver<Box<Message>>,
-        poll_queue: Option<String>,
+        poll_queue: Option<Box<str>>,
     ) -> Self {
-        let poll_queue = poll_queue.map(String::into_boxed_str);
-        let written = true;
+        // Until its writer says so: a call refused before (too large, say)
+        // has nothing to withdraw.
+        let written = false;
         let answer = AnswerParts {
             id,
             rx,
@@ -887,7 +891,6 @@ impl<'a> Started<'a> {
     ) -> Result<(&'a Conn, std::result::Result<Box<Message>, RecvError>)> {
         let conn = self.pending.conn;
         if let Some(frame) = self.frame.take() {
-            self.pending.set_written(false);
             if self.handed_over.is_none() && !conn.none_handed_over() {
                 // Requests made earlier wait for room: this one waits behind them.
                 self.handed_over = Some(Box::new(conn.hand_over()));

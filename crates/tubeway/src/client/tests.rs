@@ -1802,7 +1802,9 @@ async fn a_call_begun_unregistered_keeps_its_id() {
     let (_rx, _) = conn.register_pending(&mut again).unwrap();
     assert_ne!(again.id, msg.id);
     assert!(!conn.begin_unregistered(&msg).unwrap());
-    let rx = conn.register_sent(msg.id, None).unwrap();
+    let rx = conn
+        .register_sent(msg.id, super::connection::Waits::Nothing)
+        .unwrap();
     assert_eq!(conn.pending_len(), 2);
     assert!(conn
         .answer_waiting_call(Box::new(msg.response(ResponseStatus::Ok)))
