@@ -55,3 +55,16 @@ def test_slow_subscriber_stalls_nobody() -> None:
             assert len(slow_got) == N - status["dropped"]
             slow_sub.unsubscribe()
             fast_sub.unsubscribe()
+
+
+def test_oneway_messages_go_out_while_the_sender_idles(server: tubeway.Server) -> None:
+    """Oneway messages that did not fit the socket at once go out while the
+    client that sent them makes no further call."""
+    server.create_topic("idle")
+    with tubeway.Client(server.url) as sender, tubeway.Client(server.url) as watcher:
+        for i in range(N):
+            sender.publish_oneway("idle", tubeway.Message.binary(b"x" * 1024))
+        deadline = time.monotonic() + 10
+        while watcher.topic_status("idle")["published"] < N:
+            assert time.monotonic() < deadline, watcher.topic_status("idle")
+            time.sleep(0.01)

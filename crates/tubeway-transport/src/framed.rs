@@ -661,6 +661,9 @@ struct State {
     closing: bool,
     /// Frames wait for [`FrameWriter::uncork`] instead of going out at once.
     corked: bool,
+    /// Someone waits in [`FrameWriter::drained`]: a direct write that
+    /// leaves nothing queued wakes it, as the flusher does after each batch.
+    drain_waiters: bool,
     /// Why the writer ended, once it has.
     closed: Option<Arc<str>>,
     /// Kept under the lock the writes take anyway: no atomic per frame.
@@ -785,6 +788,25 @@ impl FrameWriter {
     pub fn has_backlog(&self) -> bool {
         let s = self.handle.shared.lock();
         s.writing || !s.chunks.is_empty()
+    }
+
+    /// Waits until nothing is queued or being written, or the writer has
+    /// closed.
+    pub async fn drained(&self) {
+        let shared = &self.handle.shared;
+        loop {
+            let room = shared.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            {
+                let mut s = shared.lock();
+                if s.closed.is_some() || (!s.writing && s.chunks.is_empty()) {
+                    return;
+                }
+                s.drain_waiters = true;
+            }
+            room.await;
+        }
     }
 
     /// Whether the writer is closed or closing.
@@ -985,9 +1007,13 @@ impl Shared {
         }
         s.writing = false;
         let more = !s.chunks.is_empty() || s.closing;
+        let drained = !more && std::mem::take(&mut s.drain_waiters);
         drop(s);
         if more {
             self.work.notify_one();
+        }
+        if drained {
+            self.room.notify_waiters();
         }
     }
 }

@@ -21,6 +21,7 @@ crate::transport_tests! {
     blocking_client_subscribes,
     a_handler_subscription_ends_after_the_handlers_last_call,
     embedded_subscriber_survives_a_panicking_handler,
+    oneway_messages_go_out_while_their_sender_idles,
 }
 
 /// Receives `n` deliveries and returns their texts.
@@ -419,4 +420,34 @@ async fn embedded_subscriber_survives_a_panicking_handler(h: &Harness) {
         got.push(within(Duration::from_secs(3), rx.recv()).await.unwrap());
     }
     assert_eq!(got, ["a", "b", "c"]);
+}
+
+/// Oneway messages that did not fit the socket at once go out while the
+/// blocking client that sent them makes no further call: nothing waits for
+/// the sender's next call to be written.
+async fn oneway_messages_go_out_while_their_sender_idles(h: &Harness) {
+    const N: u64 = 2_000;
+    let c = h.client().await;
+    step(c.create_topic("idle-sender")).await.unwrap();
+    let (url, options) = (h.url.clone(), h.client_options());
+    let (sent_tx, sent_rx) = tokio::sync::oneshot::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let sender = std::thread::spawn(move || {
+        let p = Client::connect_with(&url, options).unwrap();
+        // Many more small frames than a socket or a ring holds at once.
+        for i in 0..N {
+            let m = Message::binary(vec![7u8; 1024], None).with_subject(i.to_string());
+            p.publish_oneway("idle-sender", m).unwrap();
+        }
+        sent_tx.send(()).unwrap();
+        // Idle, the client still connected, until the test has looked.
+        let _ = done_rx.recv_timeout(Duration::from_secs(30));
+    });
+    within(Duration::from_secs(10), sent_rx).await.unwrap();
+    eventually("every oneway publish reached the broker", || async {
+        step(c.topic_status("idle-sender")).await.unwrap().published == N
+    })
+    .await;
+    done_tx.send(()).unwrap();
+    sender.join().unwrap();
 }

@@ -808,6 +808,14 @@ impl Client {
         let (inner, reader) =
             exec.block_on(AsyncClient::connect_parts(url, options, true, None))??;
         *driver.lock_reader() = Some(Box::new(reader));
+        // A task left with work when the call that made it returns (a
+        // oneway message still queued, a message going back to its queue)
+        // has the background thread run it.
+        let weak = Arc::downgrade(&driver);
+        inner.conn().set_keep_running(Box::new(move || {
+            let duty = weak.upgrade()?.duty().ok()?;
+            Some(Box::new(duty) as Box<dyn Send>)
+        }));
         let _ = driver.conn.set(inner.conn_arc());
         Ok(Client { inner, exec })
     }

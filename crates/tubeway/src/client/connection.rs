@@ -13,7 +13,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -65,6 +65,12 @@ pub(crate) struct Conn {
     /// The runtime the connection was made on: a frame sent from a drop
     /// outside it waits there for room to be written.
     runtime: tokio::runtime::Handle,
+    /// What keeps `runtime` running while a task spawned there has work
+    /// (the blocking client's background duty); unset where the runtime
+    /// runs by itself.
+    keep_running: OnceLock<KeepRunning>,
+    /// A task sees the write queue drained (see [`Conn::flush_behind`]).
+    flushing: Arc<AtomicBool>,
     /// Cancelled on close: the reader stops, wherever it runs.
     stop: CancellationToken,
     /// Set on close, before `stop` is cancelled: what the reader checks
@@ -217,6 +223,10 @@ pub(crate) struct Reader {
 /// Routing that must wait.
 type Routing = Pin<Box<dyn Future<Output = ()> + Send>>;
 
+/// Makes a guard that keeps a connection's runtime running while it lives
+/// (see [`Conn::set_keep_running`]); none if it cannot.
+pub(crate) type KeepRunning = Box<dyn Fn() -> Option<Box<dyn Send>> + Send + Sync>;
+
 /// What a successful [`establish`] returns.
 pub(crate) struct Established {
     pub(crate) conn: Arc<Conn>,
@@ -257,6 +267,8 @@ pub(crate) async fn establish(
         can_cancel: AtomicBool::new(false),
         can_requeue: AtomicBool::new(false),
         runtime: tokio::runtime::Handle::current(),
+        keep_running: OnceLock::new(),
+        flushing: Arc::new(AtomicBool::new(false)),
         stop: CancellationToken::new(),
         stopping: AtomicBool::new(false),
         state: Mutex::default(),
@@ -963,10 +975,48 @@ impl Conn {
     pub(crate) fn send_soon(&self, frame: EncodedFrame) {
         if let Ok(Some(frame)) = self.writer.try_send_or_return(frame) {
             let writer = self.writer.clone();
-            drop(self.runtime.spawn(async move {
-                let _ = writer.send(frame).await;
-            }));
+            self.spawn_kept(async move {
+                if writer.send(frame).await.is_ok() {
+                    writer.drained().await;
+                }
+            });
         }
+    }
+
+    /// Sets what keeps the connection's runtime running (see
+    /// [`keep_running`](Self::keep_running)); once.
+    pub(crate) fn set_keep_running(&self, keep: KeepRunning) {
+        let _ = self.keep_running.set(keep);
+    }
+
+    /// Spawns `task` on the connection's runtime, kept running until the
+    /// task is done.
+    fn spawn_kept(&self, task: impl Future<Output = ()> + Send + 'static) {
+        let kept = self.keep_running.get().and_then(|keep| keep());
+        drop(self.runtime.spawn(async move {
+            let _kept = kept;
+            task.await;
+        }));
+    }
+
+    /// Sees frames left in the write queue written: a oneway message
+    /// queued by a caller that then waits for nothing must not wait for the
+    /// caller's next call to go out. At most one task at a time.
+    pub(crate) fn flush_behind(&self) {
+        if !self.writer.has_backlog() || self.flushing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (writer, flushing) = (self.writer.clone(), self.flushing.clone());
+        self.spawn_kept(async move {
+            loop {
+                writer.drained().await;
+                flushing.store(false, Ordering::Release);
+                // A caller that queued more meanwhile left it to this task.
+                if !writer.has_backlog() || flushing.swap(true, Ordering::AcqRel) {
+                    break;
+                }
+            }
+        });
     }
 
     /// Routes deliveries correlated with `id` to `tx`.

@@ -349,7 +349,11 @@ impl AsyncClient {
         let frame = conn.encode_owned(msg)?;
         let frame = if conn.none_handed_over() {
             match conn.try_send_as(frame, false)? {
-                None => return Ok(None),
+                None => {
+                    // Written, or queued behind a write under way.
+                    conn.flush_behind();
+                    return Ok(None);
+                }
                 Some(frame) => frame,
             }
         } else {
@@ -675,9 +679,11 @@ impl Oneway {
             self.line.my_turn(None).await;
             conn.send_frame(self.frame).await
         };
-        tokio::time::timeout(timeout, written)
+        let written = tokio::time::timeout(timeout, written)
             .await
-            .map_err(|_| Error::Timeout(timeout))?
+            .map_err(|_| Error::Timeout(timeout))?;
+        conn.flush_behind();
+        written
     }
 }
 
