@@ -4,14 +4,16 @@ sockets, in one run.
 
     python bench.py                  # everything, default sizes
     python bench.py --quick          # a short run (smaller counts)
-    python bench.py --only latency   # or: throughput, call
+    python bench.py --only latency   # or: throughput, call, subscribe
 
 Every measurement runs in fresh processes (so peak memory is each
 pattern's own) and prints a Markdown table; figures are relative to the
 plain-socket references measured in the same run. Needs numpy. `call`
 measures `Client.send` of the broker's built-in `ack`, then
 `send_async(...).result()` and `await tubeway.aio.Client.send` one at a
-time and with 1000 in flight, and needs the
+time and with 1000 in flight; `subscribe` measures deliveries a second to
+a subscriber's callback, on a thread of `tubeway.Client` and on the event
+loop of `tubeway.aio`. Both need the
 `tubeway` binary (`--tubeway PATH`; by default the one on PATH, else the
 release build of this repository).
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import resource
@@ -30,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 
@@ -341,6 +344,63 @@ def call_client(url: str, n: int, warmup: int, wait: str, api: str) -> None:
         emit(result)
 
 
+def subscribe_client(url: str, n: int, api: str) -> None:
+    """Deliveries a second to a callback that counts them (on a thread of
+    `tubeway.Client`, or with api "aio" on the event loop of
+    `tubeway.aio`), of `n` oneway publishes of 64 B from another client,
+    timed from the first publish to the last delivery."""
+    import tubeway
+
+    topic = f"bench-{api}"
+    payload = b"x" * 64
+    with tubeway.Client(url) as publisher:
+        publisher.create_topic(topic)
+        before = publisher.topic_status(topic)["dropped"]
+        count = [0]
+        done = threading.Event()
+
+        def on(_: Any) -> None:
+            count[0] += 1
+            if count[0] == n:
+                done.set()
+
+        def publish() -> float:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                publisher.publish_oneway(topic, payload)
+            publisher.ping()  # every publish is out (as a build that left some queued needs)
+            return t0
+
+        def result(t0: float) -> Dict[str, Any]:
+            took = time.perf_counter() - t0
+            dropped = publisher.topic_status(topic)["dropped"] - before
+            return {"deliveries_per_s": count[0] / took, "delivered": count[0], "dropped": dropped}
+
+        if api == "aio":
+            import asyncio
+
+            import tubeway.aio
+
+            async def main() -> Dict[str, Any]:
+                async with tubeway.aio.Client(url) as c:
+                    sub = await c.subscribe(topic, on, buffer=n)
+                    t0 = await asyncio.get_running_loop().run_in_executor(None, publish)
+                    await asyncio.get_running_loop().run_in_executor(None, done.wait, 60)
+                    out = result(t0)
+                    await c.unsubscribe(sub)
+                    return out
+
+            emit(asyncio.run(main()))
+            return
+        with tubeway.Client(url) as c:
+            sub = c.subscribe(topic, on, buffer=n)
+            t0 = publish()
+            done.wait(60)
+            out = result(t0)
+            sub.unsubscribe()
+            emit(out)
+
+
 def tubeway_binary(given: Optional[str]) -> Optional[str]:
     import shutil
 
@@ -362,16 +422,7 @@ def bench_call(n: int, warmup: int, tmp: str, binary: Optional[str], waits: List
     if binary is None:
         rows.append({"what": "tubeway.Client", "skipped": "no tubeway binary (--tubeway PATH)"})
         return rows
-    listen = ["tcp://127.0.0.1:0", f"unix://{tmp}/call.sock"]
-    if supported("shm"):
-        listen.append(f"shm://tubeway-bench-{os.getpid()}-call")
-    args = [binary, "server", "--log-level", "warn"]
-    for url in listen:
-        args += ["--listen", url]
-    server = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
-    try:
-        assert server.stdout is not None
-        urls = [server.stdout.readline().split("listening on ", 1)[-1].strip() for _ in listen]
+    with broker(binary, tmp, "call") as urls:
         for wait in waits:
             for url in urls:
                 transport = url.split(":", 1)[0]
@@ -383,9 +434,37 @@ def bench_call(n: int, warmup: int, tmp: str, binary: Optional[str], waits: List
                 transport = url.split(":", 1)[0]
                 r = run_one("call", ["--url", url, "-n", str(max(IN_FLIGHT, n // 10)), "--warmup", str(warmup // 10), "--wait", "default", "--api", api])
                 rows.append({"what": f"{what}, {transport}", **r})
+    return rows
+
+
+@contextlib.contextmanager
+def broker(binary: str, tmp: str, name: str) -> Iterator[List[str]]:
+    """A `tubeway server` on tcp, unix and (where built) shm; its URLs."""
+    listen = ["tcp://127.0.0.1:0", f"unix://{tmp}/{name}.sock"]
+    if supported("shm"):
+        listen.append(f"shm://tubeway-bench-{os.getpid()}-{name}")
+    args = [binary, "server", "--log-level", "warn"]
+    for url in listen:
+        args += ["--listen", url]
+    server = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        yield [server.stdout.readline().split("listening on ", 1)[-1].strip() for _ in listen]
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def bench_subscribe(n: int, tmp: str, binary: Optional[str]) -> List[Dict[str, Any]]:
+    if binary is None:
+        return [{"what": "tubeway subscribers", "skipped": "no tubeway binary (--tubeway PATH)"}]
+    rows: List[Dict[str, Any]] = []
+    with broker(binary, tmp, "subscribe") as urls:
+        for api, what in (("thread", "tubeway.Client.subscribe, callback on a thread"), ("aio", "tubeway.aio.Client.subscribe, callback on the loop")):
+            for url in urls:
+                transport = url.split(":", 1)[0]
+                r = run_one("subscribe", ["--url", url, "-n", str(n), "--api", api])
+                rows.append({"what": f"{what}, {transport}", **r})
     return rows
 
 
@@ -546,9 +625,9 @@ def main() -> None:
     p.add_argument("-n", type=int, default=0)
     p.add_argument("--warmup", type=int, default=0)
     p.add_argument("--wait", default="park")
-    p.add_argument("--api", choices=["send", "send_async", "aio"], default="send")
+    p.add_argument("--api", choices=["send", "send_async", "aio", "thread"], default="send")
     p.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
-    p.add_argument("--only", choices=["latency", "throughput", "call"])
+    p.add_argument("--only", choices=["latency", "throughput", "call", "subscribe"])
     p.add_argument("--tubeway", help="the tubeway binary, for `call` (default: on PATH, else target/release)")
     p.add_argument("--waits", default="default,spin-park:50us", help="the clients' wait strategies, for `call`")
     p.add_argument("--transports", default="tcp,unix,shm", help="for throughput (default: tcp,unix,shm)")
@@ -566,6 +645,7 @@ def main() -> None:
             ("throughput-socket", "a"): lambda: throughput_socket_a(a.family, a.address, a.pattern, a.n),
             ("throughput-socket", "b"): lambda: throughput_socket_b(a.url, a.pattern, a.n),
             ("call", "b"): lambda: call_client(a.url, a.n, a.warmup, a.wait, a.api),
+            ("subscribe", "b"): lambda: subscribe_client(a.url, a.n, a.api),
         }[(a.kind, a.side)]
         side()
         return
@@ -599,6 +679,17 @@ def main() -> None:
                 f"send_async and aio: a tenth as many, then {IN_FLIGHT} at a time)\n"
             )
             print_latency(rows, cpu=True)
+        if a.only in (None, "subscribe"):
+            n_sub = 2000 if a.quick else 50000
+            rows = bench_subscribe(n_sub, tmp, tubeway_binary(a.tubeway))
+            results["subscribe"] = rows
+            print(f"\nDeliveries to a subscriber's callback ({n_sub} oneway publishes of 64 B from another client)\n")
+            print("| what | deliveries/s | delivered | dropped |\n|---|---:|---:|---:|")
+            for r in rows:
+                if "skipped" in r:
+                    print(f"| {r['what']} | {r['skipped']} | | |")
+                    continue
+                print(f"| {r['what']} | {r['deliveries_per_s']:.0f} | {r['delivered']} | {r['dropped']} |")
     print(f"\nload average after: {os.getloadavg()}")
     if a.json:
         with open(a.json, "w") as f:

@@ -14,11 +14,15 @@ use pyo3::prelude::*;
 use tubeway::ops::QueueKind;
 use tubeway::{Client, ClientOptions, Message};
 
-use crate::inbox::{Poster, PyLoopInbox, Reply};
+use crate::inbox::{Credits, Poster, PyCredits, PyLoopInbox, Reply};
 use crate::message::{to_message, PyMessage};
 use crate::runtime::{blocking, check_fork, drop_slot_detached, seconds, wait_strategy};
 use crate::subscription::{PySubscription, PyWorker};
 use crate::{errors, handler, json, pyfuture};
+
+/// Deliveries of a `tubeway.aio` subscription in its loop's inbox and
+/// callback at once, by default: the client-side buffer of a subscription.
+const LOOP_CREDITS: usize = 1024;
 
 /// A connection to a Tubeway broker, shared by any number of Python threads.
 #[pyclass(name = "Client", module = "tubeway", frozen)]
@@ -513,6 +517,32 @@ impl PyClient {
                 None => PySubscription::pull(sub),
             })
         })
+    }
+
+    /// Subscribes to `topic` for `tubeway.aio`: deliveries go to `target`
+    /// on the loop that `inbox` belongs to, at most `buffer` (default
+    /// 1024) at once in the inbox and its callback; the returned credits
+    /// take `release()` once the callback is done with each.
+    #[pyo3(signature = (topic, target, inbox, buffer=None))]
+    fn _subscribe_to_loop(
+        &self,
+        py: Python<'_>,
+        topic: String,
+        target: Py<PyAny>,
+        inbox: &PyLoopInbox,
+        buffer: Option<usize>,
+    ) -> PyResult<(PySubscription, PyCredits)> {
+        let credits = Arc::new(Credits::new(buffer.unwrap_or(LOOP_CREDITS)));
+        let deliverer = inbox.deliverer(target, credits.clone());
+        let kept = credits.clone();
+        let sub = self.run(py, |c| {
+            let sub = match buffer {
+                Some(n) => c.subscribe_with_buffer(&topic, n)?,
+                None => c.subscribe(&topic)?,
+            };
+            PySubscription::on_loop(sub, deliverer, kept)
+        })?;
+        Ok((sub, PyCredits { credits }))
     }
 
     /// Ends `subscription` (the same as `subscription.unsubscribe()`).

@@ -9,12 +9,19 @@
 //! loop per batch of replies, no thread of Python's in between (the way of
 //! `concurrent.futures` and `call_soon_threadsafe` costs a hand-off to the
 //! thread that resolves futures, then one to the loop, for every call).
+//!
+//! A subscription of `tubeway.aio` comes the same way: its deliveries go
+//! into the inbox, and the loop hands each to the subscription's callback.
+//! The thread that delivers holds at most so many in the inbox and the
+//! callback at once ([`Credits`]), so a loop that falls behind slows the
+//! subscription (and the broker counts drops) rather than queue without
+//! bound.
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use pyo3::prelude::*;
 use tubeway::blocking::Polled;
@@ -29,10 +36,20 @@ pub struct Shared {
     ready: Mutex<Ready>,
     /// The writing end of the loop's wake-up socket.
     bell: UnixStream,
+    /// Futures handed out and deliveries posted, not yet taken by the loop.
+    in_flight: AtomicUsize,
 }
 
-/// Replies, each with the future it resolves.
-type Ready = Vec<(Py<PyAny>, Reply)>;
+/// What waits for the loop.
+type Ready = Vec<Entry>;
+
+#[derive(Debug)]
+enum Entry {
+    /// A reply, with the future it resolves.
+    Reply(Py<PyAny>, Reply),
+    /// A delivery, with what takes it on the loop.
+    Delivery(Arc<Py<PyAny>>, Message),
+}
 
 /// What resolves a future.
 pub enum Reply {
@@ -78,11 +95,11 @@ impl Shared {
         self.ready.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Hands `reply` to the loop for `future`, from any thread, without the GIL.
-    fn post(&self, future: Py<PyAny>, reply: Reply) {
+    /// Hands `entry` to the loop, from any thread, without the GIL.
+    fn post(&self, entry: Entry) {
         let first = {
             let mut ready = self.lock();
-            ready.push((future, reply));
+            ready.push(entry);
             ready.len() == 1
         };
         if first {
@@ -104,7 +121,91 @@ pub struct Poster {
 impl Poster {
     /// Hands the reply over; the loop resolves the future with it.
     pub fn post(self, reply: Reply) {
-        self.shared.post(self.future, reply);
+        self.shared.post(Entry::Reply(self.future, reply));
+    }
+}
+
+/// Posts a subscription's deliveries to its loop's inbox, from the thread
+/// that delivers, each once the subscription has credit for it.
+#[derive(Debug)]
+pub struct Deliverer {
+    shared: Arc<Shared>,
+    /// Takes each delivery on the loop.
+    target: Arc<Py<PyAny>>,
+    credits: Arc<Credits>,
+}
+
+impl Deliverer {
+    /// Waits for credit, then hands `msg` to the loop; drops it once the
+    /// subscription has ended.
+    pub fn deliver(&self, msg: Message) {
+        if self.credits.take() {
+            self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
+            self.shared.post(Entry::Delivery(self.target.clone(), msg));
+        }
+    }
+}
+
+/// How many deliveries of a subscription may be in the loop's inbox or in
+/// its callback at once.
+#[derive(Debug)]
+pub struct Credits {
+    /// Credit left, and whether the subscription has ended.
+    state: Mutex<(usize, bool)>,
+    freed: Condvar,
+}
+
+impl Credits {
+    pub fn new(n: usize) -> Self {
+        Credits {
+            state: Mutex::new((n.max(1), false)),
+            freed: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, (usize, bool)> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes one credit, waiting for it; false once ended.
+    fn take(&self) -> bool {
+        let mut s = self.lock();
+        while s.0 == 0 && !s.1 {
+            s = self.freed.wait(s).unwrap_or_else(PoisonError::into_inner);
+        }
+        if s.1 {
+            return false;
+        }
+        s.0 -= 1;
+        true
+    }
+
+    /// Gives back the credit of a delivery the callback is done with.
+    pub fn give(&self) {
+        self.lock().0 += 1;
+        self.freed.notify_one();
+    }
+
+    /// The subscription has ended: a thread waiting for credit stops.
+    pub fn end(&self) {
+        self.lock().1 = true;
+        self.freed.notify_all();
+    }
+}
+
+/// Gives a subscription of `tubeway.aio` room for one more delivery (see
+/// [`Credits`]).
+#[pyclass(name = "_Credits", module = "tubeway", frozen)]
+#[derive(Debug)]
+pub struct PyCredits {
+    pub credits: Arc<Credits>,
+}
+
+#[pymethods]
+impl PyCredits {
+    /// The callback is done with one delivery.
+    fn release(&self) {
+        self.credits.give();
     }
 }
 
@@ -115,8 +216,6 @@ pub struct PyLoopInbox {
     shared: Arc<Shared>,
     /// The end the loop watches.
     wake: UnixStream,
-    /// Futures handed out and not yet resolved.
-    in_flight: AtomicUsize,
     /// Replies that came back through it so far.
     resolved: AtomicUsize,
     /// Its client is closed: the loop stops watching once nothing is in flight.
@@ -130,7 +229,7 @@ impl PyLoopInbox {
     /// What the reading thread posts `future`'s reply with; counts one
     /// more in flight.
     pub fn poster(&self, future: Py<PyAny>) -> Poster {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
         Poster {
             shared: self.shared.clone(),
             future,
@@ -140,12 +239,22 @@ impl PyLoopInbox {
     /// A call that could not start, or needs no reply, after
     /// [`poster`](Self::poster).
     pub fn not_sent(&self) {
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// What a subscription's thread posts deliveries with, for `target`
+    /// to take on the loop, at most as many at once as `credits` allow.
+    pub fn deliverer(&self, target: Py<PyAny>, credits: Arc<Credits>) -> Deliverer {
+        Deliverer {
+            shared: self.shared.clone(),
+            target: Arc::new(target),
+            credits,
+        }
     }
 
     fn unwatch_when_done(&self, py: Python<'_>) -> PyResult<()> {
         if self.closing.load(Ordering::Relaxed)
-            && self.in_flight.load(Ordering::Relaxed) == 0
+            && self.shared.in_flight.load(Ordering::Relaxed) == 0
             && self.watched.swap(false, Ordering::Relaxed)
         {
             self.event_loop
@@ -169,9 +278,9 @@ impl PyLoopInbox {
             shared: Arc::new(Shared {
                 ready: Mutex::new(Vec::new()),
                 bell,
+                in_flight: AtomicUsize::new(0),
             }),
             wake,
-            in_flight: AtomicUsize::new(0),
             resolved: AtomicUsize::new(0),
             closing: AtomicBool::new(false),
             event_loop,
@@ -179,7 +288,7 @@ impl PyLoopInbox {
         })
     }
 
-    /// How many replies came back through this inbox.
+    /// How many replies (and deliveries) came back through this inbox.
     #[getter]
     fn resolved(&self) -> usize {
         self.resolved.load(Ordering::Relaxed)
@@ -204,14 +313,27 @@ impl PyLoopInbox {
             }
         }
         let ready = std::mem::take(&mut *self.shared.lock());
-        self.in_flight.fetch_sub(ready.len(), Ordering::Relaxed);
+        self.shared
+            .in_flight
+            .fetch_sub(ready.len(), Ordering::Relaxed);
         self.resolved.fetch_add(ready.len(), Ordering::Relaxed);
-        for (future, reply) in ready {
-            if pyfuture::is_done(future.bind(py)) {
-                // Cancelled: nobody takes the reply (a polled message goes back).
-                continue;
+        for entry in ready {
+            match entry {
+                Entry::Reply(future, reply) => {
+                    if pyfuture::is_done(future.bind(py)) {
+                        // Cancelled: nobody takes the reply (a polled message goes back).
+                        continue;
+                    }
+                    pyfuture::resolve(py, &future, reply.into_py(py));
+                }
+                Entry::Delivery(target, msg) => {
+                    // The target runs the callback and reports its own errors.
+                    let msg = Py::new(py, PyMessage::new(msg))?;
+                    if let Err(e) = target.call1(py, (msg,)) {
+                        e.write_unraisable(py, Some(target.bind(py)));
+                    }
+                }
             }
-            pyfuture::resolve(py, &future, reply.into_py(py));
         }
         self.unwatch_when_done(py)
     }

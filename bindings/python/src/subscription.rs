@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use pyo3::prelude::*;
 use tubeway::blocking::{Subscription, SubscriptionHandle, Worker};
 
+use crate::inbox::{Credits, Deliverer};
 use crate::message::PyMessage;
 use crate::runtime::{blocking, drop_slot_detached, seconds};
 use crate::{errors, handler};
@@ -15,6 +16,32 @@ enum Kind {
     /// Deliveries go to the callback on a thread of the client's, one at a
     /// time and in order; unsubscribing waits for a call in progress.
     Callback(SubscriptionHandle),
+    /// Deliveries go to an event loop's inbox (see [`crate::inbox`]).
+    Loop(OnLoop),
+}
+
+/// A subscription of `tubeway.aio`. Ended, its delivering thread stops
+/// waiting for credit the loop may never give.
+#[derive(Debug)]
+struct OnLoop {
+    handle: Option<SubscriptionHandle>,
+    credits: Arc<Credits>,
+}
+
+impl OnLoop {
+    fn unsubscribe(mut self) -> tubeway::Result<()> {
+        self.credits.end();
+        match self.handle.take() {
+            Some(handle) => handle.unsubscribe(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for OnLoop {
+    fn drop(&mut self) {
+        self.credits.end();
+    }
 }
 
 /// Ending something the closing of the connection has ended already is no error.
@@ -55,6 +82,26 @@ impl PySubscription {
             topic,
             id,
             inner: Mutex::new(Some(Kind::Callback(handle))),
+        })
+    }
+
+    /// A subscription whose deliveries `deliverer` posts to an event loop.
+    pub fn on_loop(
+        sub: Subscription,
+        deliverer: Deliverer,
+        credits: Arc<Credits>,
+    ) -> tubeway::Result<Self> {
+        let topic = sub.topic().to_owned();
+        let id = sub.id().to_string();
+        let handle = sub.with_handler(move |m| deliverer.deliver(m))?;
+        let on_loop = OnLoop {
+            handle: Some(handle),
+            credits,
+        };
+        Ok(PySubscription {
+            topic,
+            id,
+            inner: Mutex::new(Some(Kind::Loop(on_loop))),
         })
     }
 
@@ -139,6 +186,7 @@ impl PySubscription {
         match self.take() {
             Some(Kind::Pull(sub)) => blocking(py, || ended(sub.unsubscribe())),
             Some(Kind::Callback(handle)) => blocking(py, || ended(handle.unsubscribe())),
+            Some(Kind::Loop(on_loop)) => blocking(py, || ended(on_loop.unsubscribe())),
             None => Ok(()),
         }
     }

@@ -6,6 +6,7 @@ import asyncio
 import select
 import threading
 import time
+from typing import Any, List
 
 import numpy as np
 import pytest
@@ -263,6 +264,85 @@ def test_subscribe_and_serve_run_on_the_loop(server: tubeway.Server) -> None:
                 worker.stop()
 
     run(main())
+
+
+def test_deliveries_reach_the_callback_one_at_a_time_in_order(server: tubeway.Server) -> None:
+    """Plain and coroutine callbacks alike: a coroutine is awaited before the
+    next delivery, and a callback that raises is reported to the loop's
+    exception handler while the next delivery still runs."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        errors: List[BaseException] = []
+        loop.set_exception_handler(lambda _loop, context: errors.append(context["exception"]))
+        async with tubeway.aio.Client(server.url) as c:
+            await c.create_topic("ordered")
+            got: List[str] = []
+            running = 0
+            done = asyncio.Event()
+
+            async def slow(m: tubeway.Message) -> None:
+                nonlocal running
+                running += 1
+                assert running == 1, "two deliveries at once"
+                await asyncio.sleep(0.001 if int(m.text) % 7 == 0 else 0)
+                got.append(m.text)
+                running -= 1
+                if m.text == "99":
+                    done.set()
+
+            def on(m: tubeway.Message) -> Any:
+                if m.text == "13":
+                    raise ValueError("thirteen")
+                if int(m.text) % 2:
+                    return slow(m)
+                assert running == 0, "a delivery overtook a coroutine"
+                got.append(m.text)
+                return None
+
+            sub = await c.subscribe("ordered", on)
+            for i in range(100):
+                await c.publish_oneway("ordered", str(i))
+            await asyncio.wait_for(done.wait(), 10)
+            assert got == [str(i) for i in range(100) if i != 13]
+            assert [str(e) for e in errors] == ["thirteen"]
+            await c.unsubscribe(sub)
+
+    run(main())
+
+
+def test_a_slow_loop_slows_its_subscription_instead_of_queueing(addresses: Addresses) -> None:
+    """At most ``buffer`` deliveries wait for the loop: a callback that stops
+    leaves the rest to the broker, which drops and counts them."""
+    n = 500
+    with tubeway.Server([addresses.new()], subscriber_buffer=8) as server:
+
+        async def main() -> None:
+            async with tubeway.aio.Client(server.url) as c, tubeway.aio.Client(server.url) as publisher:
+                await c.create_topic("slow")
+                release = asyncio.Event()
+                got: List[int] = []
+
+                async def on(m: tubeway.Message) -> None:
+                    await release.wait()
+                    got.append(int.from_bytes(m.binary[:4], "big"))
+
+                sub = await c.subscribe("slow", on, buffer=4)
+                for i in range(n):
+                    await publisher.publish("slow", tubeway.Message.binary(i.to_bytes(4, "big") * (16 << 10)))
+                status = await publisher.topic_status("slow")
+                assert status["published"] == n
+                assert status["dropped"] > 0, status
+                release.set()
+                deadline = time.monotonic() + 10
+                while len(got) < n - status["dropped"]:
+                    assert time.monotonic() < deadline, (len(got), status)
+                    await asyncio.sleep(0.01)
+                assert got == sorted(got)
+                assert len(got) == n - status["dropped"]
+                await c.unsubscribe(sub)
+
+        run(main())
 
 
 def test_topic_management(server: tubeway.Server) -> None:

@@ -22,14 +22,20 @@ def tubeway_binary() -> Path:
     pytest.fail("no tubeway binary under target/: build it with `cargo build -p tubeway-cli`")
 
 
-@pytest.mark.parametrize("only", ["latency", "call"])
+@pytest.mark.parametrize("only", ["latency", "call", "subscribe"])
 def test_a_quick_run_measures_every_row(only: str, tmp_path: Path) -> None:
     out = tmp_path / "results.json"
     args = [sys.executable, str(BENCH), "--quick", "--only", only, "--json", str(out)]
-    if only == "call":
+    if only in ("call", "subscribe"):
         args += ["--tubeway", str(tubeway_binary())]
     subprocess.run(args, check=True, timeout=110, stdout=subprocess.DEVNULL)
     rows = json.loads(out.read_text())[only]
+    if only == "subscribe":
+        # A callback on a thread and one on the event loop, tcp and unix at least.
+        assert [r for r in rows if "skipped" in r] == []
+        assert len(rows) >= 4, rows
+        assert all(r["delivered"] + r["dropped"] == 2000 and r["deliveries_per_s"] > 0 for r in rows), rows
+        return
     measured = [r for r in rows if "median_us" in r]
     assert [r for r in rows if "skipped" in r] == []
     # The plain socket references, and tubeway over tcp and unix at least.

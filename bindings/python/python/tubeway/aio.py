@@ -4,7 +4,8 @@ The event loop never blocks. ``send``, ``send_async``, ``poll``, ``offer``
 and ``publish`` write their request from the loop's thread, and the reply
 comes straight back to the loop, which resolves the call's future (no
 thread in between); a cancelled ``poll`` is withdrawn, and loses no
-message. ``send_oneway`` and ``publish_oneway`` return as soon as the loop's
+message, and a cancelled ``offer`` is withdrawn. A subscription's
+deliveries come back to the loop the same way. ``send_oneway`` and ``publish_oneway`` return as soon as the loop's
 thread has written the message (or, when the write queue is full, once the
 client's thread has). The other operations run the blocking call on a thread of a pool
 of this module's, the GIL released while it waits. Callbacks (subscribers,
@@ -17,11 +18,12 @@ function handlers) run on the event loop; they may be coroutine functions.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import functools
 import inspect
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple, TypeVar
 
 from . import _tubeway
 from ._queue import Queue as _BlockingQueue
@@ -68,6 +70,68 @@ def _close_inbox(loop: asyncio.AbstractEventLoop, inbox: _tubeway._LoopInbox) ->
         loop.call_soon_threadsafe(inbox.close)
     except RuntimeError:
         pass  # the loop is closed, and watches nothing any more
+
+
+class _Deliveries:
+    """Hands a subscription's deliveries, which the loop's inbox brings, to
+    its callback: one at a time and in order, a coroutine awaited before the
+    next delivery. Each delivery's credit goes back once the callback is done
+    with it, which gives the delivering thread room for another."""
+
+    def __init__(self, callback: Callable[[_tubeway.Message], Any]) -> None:
+        self._callback = callback
+        self._waiting: Deque[_tubeway.Message] = collections.deque()
+        self._running: Optional["asyncio.Future[None]"] = None
+        self._credits: Optional[_tubeway._Credits] = None
+        # Deliveries done before the credits were attached.
+        self._owed = 0
+
+    def attach(self, credits: _tubeway._Credits) -> None:
+        self._credits = credits
+        for _ in range(self._owed):
+            credits.release()
+        self._owed = 0
+
+    def __call__(self, message: _tubeway.Message) -> None:
+        self._waiting.append(message)
+        if self._running is None:
+            self._run_waiting()
+
+    def _run_waiting(self) -> None:
+        # Plain callbacks run right here; the first coroutine goes on in a task.
+        while self._waiting:
+            out = self._call(self._waiting.popleft())
+            if inspect.isawaitable(out):
+                self._running = asyncio.ensure_future(self._finish(out))
+                return
+            self._done()
+
+    async def _finish(self, out: Any) -> None:
+        try:
+            await out
+        except Exception as e:  # noqa: BLE001 - as in _call
+            self._report(e)
+        self._done()
+        self._running = None
+        self._run_waiting()
+
+    def _call(self, message: _tubeway.Message) -> Any:
+        try:
+            return self._callback(message)
+        except Exception as e:  # noqa: BLE001 - reported, and the next delivery still runs
+            self._report(e)
+            return None
+
+    def _done(self) -> None:
+        if self._credits is None:
+            self._owed += 1
+        else:
+            self._credits.release()
+
+    def _report(self, e: Exception) -> None:
+        asyncio.get_running_loop().call_exception_handler(
+            {"message": "subscription callback failed", "exception": e}
+        )
 
 
 class Client:
@@ -224,9 +288,15 @@ class Client:
         self, topic: str, callback: Callable[[_tubeway.Message], Any], *, buffer: Optional[int] = None
     ) -> _tubeway.Subscription:
         """Subscribes; ``callback`` (a function or a coroutine function) runs
-        on this event loop for each delivery, in order."""
-        wrapped = _on_loop(asyncio.get_running_loop(), callback)
-        return await _run(self.blocking.subscribe, topic, wrapped, buffer=buffer)
+        on this event loop for each delivery, in order. At most ``buffer``
+        deliveries (default 1024) wait here for it: a loop that falls behind
+        slows the subscription, and the broker counts what it drops."""
+        deliveries = _Deliveries(callback)
+        subscription, credits = await _run(
+            self.blocking._subscribe_to_loop, topic, deliveries, self._inbox_here(), buffer
+        )
+        deliveries.attach(credits)
+        return subscription
 
     async def unsubscribe(self, subscription: _tubeway.Subscription) -> None:
         await _run(subscription.unsubscribe)
