@@ -632,7 +632,11 @@ impl Conn {
     /// given up on: it goes back to its queue, not to waste.
     async fn put_back(&self, polled: Message, queue: String) {
         if let Some(frame) = self.put_back_frame(polled, queue) {
-            let _ = self.send_frame(frame).await;
+            if self.send_frame(frame).await.is_ok() {
+                // Whoever waited for this answer (see `settled`) may let
+                // the runtime stop now: the frame must not stay queued.
+                self.flush_behind();
+            }
         }
     }
 
