@@ -3,7 +3,7 @@
 //! a blocking-pool thread, never on an I/O thread.
 
 use pyo3::prelude::*;
-use tubeway::{HandlerError, Message};
+use tubeway::{Batch, HandlerError, Message};
 
 use crate::gil_jobs;
 use crate::message::{to_message, PyMessage};
@@ -25,14 +25,23 @@ pub fn call_function(handler: &Py<PyAny>, msg: Message) -> Result<Message, Handl
     .unwrap_or_else(|| Err("the Python interpreter is exiting".into()))
 }
 
-/// Calls `callback(message)` for a subscription; an exception is reported
-/// as unraisable (printed to stderr) and the next delivery still runs.
-pub fn call_subscriber(callback: &Py<PyAny>, msg: Message) {
-    gil_jobs::attach(|py| {
-        if let Err(e) = callback.call1(py, (PyMessage::new(msg),)) {
-            e.write_unraisable(py, Some(callback.bind(py)));
+/// Calls `callback(message)` for each delivery of a subscription's batch,
+/// taking the GIL once for the batch (taking it from a thread Python did
+/// not start makes and ends a thread state each time). An exception is
+/// reported as unraisable (printed to stderr) and the next delivery still
+/// runs.
+pub fn call_subscriber(callback: &Py<PyAny>, batch: &mut Batch<'_>) {
+    let called = gil_jobs::attach(|py| {
+        for msg in batch.by_ref() {
+            if let Err(e) = callback.call1(py, (PyMessage::new(msg),)) {
+                e.write_unraisable(py, Some(callback.bind(py)));
+            }
         }
     });
+    if called.is_none() {
+        // The interpreter is exiting: nobody takes these any more.
+        batch.for_each(drop);
+    }
 }
 
 /// The text of a handler's exception: its message, or its class name when

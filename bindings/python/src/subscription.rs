@@ -77,7 +77,8 @@ impl PySubscription {
         let topic = sub.topic().to_owned();
         let id = sub.id().to_string();
         let callback = Arc::new(callback);
-        let handle = sub.with_handler(move |m| handler::call_subscriber(&callback, m))?;
+        let handle =
+            sub.with_batch_handler(move |batch| handler::call_subscriber(&callback, batch))?;
         Ok(PySubscription {
             topic,
             id,

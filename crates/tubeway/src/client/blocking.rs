@@ -1437,10 +1437,29 @@ impl Subscription {
     where
         F: Fn(Message) + Send + 'static,
     {
+        self.handled(|inner| inner.with_handler(handler))
+    }
+
+    /// [`with_handler`](Self::with_handler) for a handler that takes the
+    /// deliveries buffered at the moment in one call; see
+    /// [`super::Subscription::with_batch_handler`].
+    pub fn with_batch_handler<F>(self, handler: F) -> Result<SubscriptionHandle>
+    where
+        F: Fn(&mut super::Batch<'_>) + Send + 'static,
+    {
+        self.handled(|inner| inner.with_batch_handler(handler))
+    }
+
+    /// The subscription served by what `serve` makes of it, on the
+    /// client's runtime, the background thread kept running meanwhile.
+    fn handled(
+        self,
+        serve: impl FnOnce(super::Subscription) -> super::SubscriptionHandle,
+    ) -> Result<SubscriptionHandle> {
         let duty = self.exec.duty()?;
         let inner = {
             let _context = self.exec.runtime()?.enter();
-            self.inner.with_handler(handler)
+            serve(self.inner)
         };
         Ok(SubscriptionHandle {
             inner,

@@ -21,7 +21,7 @@ mod subscription;
 mod worker;
 
 use connection::{poll_queue, Conn, HandedOver, Waits};
-pub use subscription::{Subscription, SubscriptionHandle};
+pub use subscription::{Batch, Subscription, SubscriptionHandle};
 pub use worker::{HandlerError, Worker};
 
 /// How long the client waits beyond a timeout it asked the broker to apply,

@@ -14,6 +14,8 @@ use crate::Result;
 
 /// Deliveries buffered in the client when the caller names no buffer size.
 pub(crate) const DEFAULT_BUFFER: usize = 1024;
+/// Deliveries a batch handler gets at most per call.
+const MAX_BATCH: usize = 256;
 
 /// Membership of one topic, shared by [`Subscription`] and [`SubscriptionHandle`].
 #[derive(Debug)]
@@ -114,6 +116,29 @@ impl Subscription {
     where
         F: Fn(Message) + Send + 'static,
     {
+        let topic = self.membership.topic.clone();
+        // Each delivery on its own: one that panics does not take the
+        // rest of its batch with it.
+        SubscriptionHandle::spawn(self, move |batch: &mut Batch<'_>| {
+            for msg in batch {
+                let run = std::panic::AssertUnwindSafe(|| handler(msg));
+                if std::panic::catch_unwind(run).is_err() {
+                    tracing::warn!("subscription handler for topic {topic} panicked");
+                }
+            }
+        })
+    }
+
+    /// [`with_handler`](Self::with_handler) for a handler that takes the
+    /// deliveries buffered at the moment in one call (up to 256; at least
+    /// one), as a [`Batch`]: what it costs to enter the handler (a
+    /// language runtime's lock, say) is then paid once per batch instead of
+    /// once per delivery. Deliveries stay in order. A panic is logged; the
+    /// deliveries of the batch not yet taken come in the next call.
+    pub fn with_batch_handler<F>(self, handler: F) -> SubscriptionHandle
+    where
+        F: Fn(&mut Batch<'_>) + Send + 'static,
+    {
         SubscriptionHandle::spawn(self, handler)
     }
 
@@ -142,10 +167,36 @@ pub struct SubscriptionHandle {
     handler_thread: Arc<OnceLock<ThreadId>>,
 }
 
+/// The deliveries a batch handler takes in one call (see
+/// [`Subscription::with_batch_handler`]): those buffered at the moment, in
+/// order, each taken only when the iterator is asked for it; none once
+/// the subscription is being ended.
+#[derive(Debug)]
+pub struct Batch<'a> {
+    first: Option<Message>,
+    rx: &'a mut mpsc::Receiver<Message>,
+    stop: &'a AtomicBool,
+    left: usize,
+}
+
+impl Iterator for Batch<'_> {
+    type Item = Message;
+
+    fn next(&mut self) -> Option<Message> {
+        if self.left == 0 || self.stop.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.left -= 1;
+        self.first.take().or_else(|| self.rx.try_recv().ok())
+    }
+}
+
 impl SubscriptionHandle {
-    pub(crate) fn spawn<F>(subscription: Subscription, handler: F) -> Self
+    /// Runs `handler` on a blocking-pool thread with each batch of
+    /// deliveries, until the subscription ends.
+    fn spawn<F>(subscription: Subscription, handler: F) -> Self
     where
-        F: Fn(Message) + Send + 'static,
+        F: Fn(&mut Batch<'_>) + Send + 'static,
     {
         let Subscription { membership, mut rx } = subscription;
         let stopped = Arc::new(AtomicBool::new(false));
@@ -155,15 +206,31 @@ impl SubscriptionHandle {
         let on_thread = handler_thread.clone();
         let task = tokio::task::spawn_blocking(move || {
             let _ = on_thread.set(std::thread::current().id());
-            while let Some(msg) = rx.blocking_recv() {
+            // A delivery a panicking handler had not taken yet.
+            let mut carried = None;
+            loop {
+                let first = match carried.take() {
+                    Some(m) => m,
+                    None => match rx.blocking_recv() {
+                        Some(m) => m,
+                        None => break,
+                    },
+                };
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
+                let mut batch = Batch {
+                    first: Some(first),
+                    rx: &mut rx,
+                    stop: &stop,
+                    left: MAX_BATCH,
+                };
                 let run = std::panic::AssertUnwindSafe(|| {
-                    super::blocking::allow_blocking(|| handler(msg))
+                    super::blocking::allow_blocking(|| handler(&mut batch));
                 });
                 if std::panic::catch_unwind(run).is_err() {
                     tracing::warn!("subscription handler for topic {topic} panicked");
+                    carried = batch.first.take();
                 }
             }
         });

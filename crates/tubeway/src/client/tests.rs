@@ -818,6 +818,52 @@ fn delivery(sub: &Message, text: &str) -> Message {
     d
 }
 
+/// A batch handler gets the deliveries buffered at the moment in one call,
+/// in order; those of a batch it had not taken when it panicked come in
+/// the next call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_handler_takes_what_is_buffered_in_order() {
+    const N: usize = 50;
+    let (client, mut peer) = pair().await;
+    let (sub, subscribe_msg) = subscribe(&client, &mut peer, None).await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<String>>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let go = std::sync::Mutex::new(go_rx);
+    let panicked = std::sync::atomic::AtomicBool::new(false);
+    let _handle = sub.with_batch_handler(move |batch| {
+        let mut got = Vec::new();
+        for m in batch.by_ref() {
+            let t = m.text_payload().unwrap().into_owned();
+            if t == "0" {
+                // Held until every delivery is buffered behind this one.
+                go.lock().unwrap().recv_timeout(STEP).unwrap();
+            }
+            got.push(t);
+            if got.len() == 2 && !panicked.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tx.send(std::mem::take(&mut got)).unwrap();
+                panic!("deliberate test panic in a batch handler");
+            }
+        }
+        tx.send(got).unwrap();
+    });
+    for i in 0..N {
+        peer.send(&delivery(&subscribe_msg, &i.to_string())).await;
+    }
+    // Answered once the reader has routed every delivery before it.
+    let ping = Message::new(MessageType::Ping);
+    peer.send(&ping).await;
+    assert_eq!(peer.recv().await.correlation_id, Some(ping.id));
+    go_tx.send(()).unwrap();
+    let mut batches = Vec::new();
+    while batches.iter().map(Vec::len).sum::<usize>() < N {
+        batches.push(within(rx.recv()).await.unwrap());
+    }
+    let all: Vec<String> = batches.concat();
+    assert_eq!(all, (0..N).map(|i| i.to_string()).collect::<Vec<_>>());
+    // The first call took two and panicked; the next took all the rest.
+    assert_eq!(batches.iter().map(Vec::len).collect::<Vec<_>>(), [2, N - 2]);
+}
+
 #[tokio::test]
 async fn subscription_receives_in_order_and_ends_on_topic_removal() {
     let (client, mut peer) = pair().await;
