@@ -307,6 +307,31 @@ impl PyClient {
         Ok(PyWorker::new(worker))
     }
 
+    /// Serves `function` for `tubeway.aio`: each call goes to `target` on
+    /// the loop that `inbox` belongs to, as `target(message, responder)`,
+    /// and is answered through the responder.
+    fn _serve_on_loop(
+        &self,
+        py: Python<'_>,
+        function: String,
+        target: Py<PyAny>,
+        inbox: &PyLoopInbox,
+    ) -> PyResult<PyWorker> {
+        let caller = inbox.caller(target);
+        let worker = self.run(py, |c| {
+            c.serve_async(&function, move |m: Message| {
+                let (answer, answered) = tokio::sync::oneshot::channel();
+                caller.call(m, answer);
+                async move {
+                    answered
+                        .await
+                        .unwrap_or_else(|_| Err("the event loop dropped the call".into()))
+                }
+            })
+        })?;
+        Ok(PyWorker::new(worker))
+    }
+
     /// Removes a function (every worker's registration, or a broker's local handler).
     fn remove_function(&self, py: Python<'_>, function: String) -> PyResult<()> {
         self.run(py, |c| c.remove_function(&function))

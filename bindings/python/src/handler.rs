@@ -46,7 +46,7 @@ pub fn call_subscriber(callback: &Py<PyAny>, batch: &mut Batch<'_>) {
 
 /// The text of a handler's exception: its message, or its class name when
 /// the message is empty.
-fn exception_text(py: Python<'_>, e: &PyErr) -> HandlerError {
+pub fn exception_text(py: Python<'_>, e: &PyErr) -> HandlerError {
     let text = e.value(py).str().map(|s| s.to_string()).unwrap_or_default();
     if text.is_empty() {
         let name = e

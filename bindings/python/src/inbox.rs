@@ -10,6 +10,10 @@
 //! `concurrent.futures` and `call_soon_threadsafe` costs a hand-off to the
 //! thread that resolves futures, then one to the loop, for every call).
 //!
+//! A function served by `tubeway.aio` too: each call goes into the inbox
+//! with a [`PyResponder`], and the loop runs the handler and answers
+//! through it, the handler never on a thread of its own.
+//!
 //! A subscription of `tubeway.aio` comes the same way: its deliveries go
 //! into the inbox, and the loop hands each to the subscription's callback.
 //! The thread that delivers holds at most so many in the inbox and the
@@ -24,11 +28,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use pyo3::prelude::*;
+use tokio::sync::oneshot;
 use tubeway::blocking::Polled;
-use tubeway::Message;
+use tubeway::{HandlerError, Message};
 
-use crate::message::PyMessage;
-use crate::{errors, pyfuture};
+use crate::message::{to_message, PyMessage};
+use crate::{errors, handler, pyfuture};
 
 /// Replies waiting for the loop, and how it is woken.
 #[derive(Debug)]
@@ -49,6 +54,71 @@ enum Entry {
     Reply(Py<PyAny>, Reply),
     /// A delivery, with what takes it on the loop.
     Delivery(Arc<Py<PyAny>>, Message),
+    /// A call of a served function, with what runs it on the loop and
+    /// what answers it.
+    Call(Arc<Py<PyAny>>, Message, Answer),
+}
+
+/// Where a served call's outcome goes: to the worker's task, which sends it.
+pub type Answer = oneshot::Sender<Result<Message, HandlerError>>;
+
+/// Posts calls of a function served on an event loop to its inbox.
+#[derive(Debug)]
+pub struct Caller {
+    shared: Arc<Shared>,
+    /// Runs each call on the loop.
+    target: Arc<Py<PyAny>>,
+}
+
+impl Caller {
+    /// Hands `msg` to the loop; the outcome comes back through `answer`.
+    pub fn call(&self, msg: Message, answer: Answer) {
+        self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .post(Entry::Call(self.target.clone(), msg, answer));
+    }
+}
+
+/// Answers one call of a function served by `tubeway.aio`, once: with what
+/// its handler returned, or with the exception it raised. Dropped
+/// unanswered, the call fails.
+#[pyclass(name = "_Responder", module = "tubeway", frozen)]
+#[derive(Debug)]
+pub struct PyResponder {
+    answer: Mutex<Option<Answer>>,
+}
+
+impl PyResponder {
+    fn send(&self, outcome: Result<Message, HandlerError>) {
+        let answer = self
+            .answer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(answer) = answer {
+            let _ = answer.send(outcome);
+        }
+    }
+}
+
+#[pymethods]
+impl PyResponder {
+    /// Answers with `value` made a reply (`None`: empty; a `Message`,
+    /// str, bytes-like or JSON-compatible value: the payload).
+    fn reply(&self, value: &Bound<'_, PyAny>) {
+        let outcome = if value.is_none() {
+            Ok(Message::request())
+        } else {
+            to_message(value).map_err(|e| handler::exception_text(value.py(), &e))
+        };
+        self.send(outcome);
+    }
+
+    /// Answers with the failure `error` (the handler's exception).
+    fn fail(&self, error: &Bound<'_, PyAny>) {
+        let err = PyErr::from_value(error.clone());
+        self.send(Err(handler::exception_text(error.py(), &err)));
+    }
 }
 
 /// What resolves a future.
@@ -242,6 +312,15 @@ impl PyLoopInbox {
         self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 
+    /// What a function served on this inbox's loop posts its calls with,
+    /// for `target` to run on the loop.
+    pub fn caller(&self, target: Py<PyAny>) -> Caller {
+        Caller {
+            shared: self.shared.clone(),
+            target: Arc::new(target),
+        }
+    }
+
     /// What a subscription's thread posts deliveries with, for `target`
     /// to take on the loop, at most as many at once as `credits` allow.
     pub fn deliverer(&self, target: Py<PyAny>, credits: Arc<Credits>) -> Deliverer {
@@ -331,6 +410,20 @@ impl PyLoopInbox {
                     let msg = Py::new(py, PyMessage::new(msg))?;
                     if let Err(e) = target.call1(py, (msg,)) {
                         e.write_unraisable(py, Some(target.bind(py)));
+                    }
+                }
+                Entry::Call(target, msg, answer) => {
+                    let msg = Py::new(py, PyMessage::new(msg))?;
+                    let responder = Py::new(
+                        py,
+                        PyResponder {
+                            answer: Mutex::new(Some(answer)),
+                        },
+                    )?;
+                    // The target answers through the responder, even when the
+                    // handler raises; if the target itself fails, so does the call.
+                    if let Err(e) = target.call1(py, (msg, responder.clone_ref(py))) {
+                        responder.get().send(Err(handler::exception_text(py, &e)));
                     }
                 }
             }

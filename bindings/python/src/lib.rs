@@ -35,6 +35,7 @@ fn _tubeway(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<queue::PyGetToken>()?;
     m.add_class::<inbox::PyLoopInbox>()?;
     m.add_class::<inbox::PyCredits>()?;
+    m.add_class::<inbox::PyResponder>()?;
     m.add_class::<client::PyWaitHandle>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // POSIX only; where there is no fork there is nothing to tell.

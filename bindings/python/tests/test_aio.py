@@ -345,6 +345,51 @@ def test_a_slow_loop_slows_its_subscription_instead_of_queueing(addresses: Addre
         run(main())
 
 
+def test_functions_served_on_the_loop_answer_every_call(server: tubeway.Server) -> None:
+    """Calls run on the loop, a coroutine handler's concurrently; what a
+    handler returns is the reply, and what it raises (or a return value
+    that makes no reply) is the caller's handler_error."""
+
+    async def main() -> None:
+        loop_thread = threading.get_ident()
+        async with tubeway.aio.Client(server.url) as c, tubeway.aio.Client(server.url) as caller:
+            release = asyncio.Event()
+            started = 0
+
+            async def slow(m: tubeway.Message) -> str:
+                nonlocal started
+                assert threading.get_ident() == loop_thread
+                started += 1
+                if started == 2:
+                    release.set()
+                await release.wait()  # both calls are in at once
+                return m.text.upper()
+
+            def plain(m: tubeway.Message) -> Any:
+                assert threading.get_ident() == loop_thread
+                if m.text == "boom":
+                    raise ValueError("the input was boom")
+                if m.text == "odd":
+                    return object()
+                return {"n": len(m.text)}
+
+            slow_worker = await c.serve("slow", slow)
+            plain_worker = await c.serve("plain", plain)
+            a, b = await asyncio.gather(caller.send("slow", "a"), caller.send("slow", "b"))
+            assert (a.text, b.text) == ("A", "B")
+            assert (await caller.send("plain", "abc")).data == {"n": 3}
+            with pytest.raises(tubeway.HandlerError) as e:
+                await caller.send("plain", "boom")
+            assert "the input was boom" in str(e.value)
+            with pytest.raises(tubeway.HandlerError):
+                await caller.send("plain", "odd")
+            assert (await caller.send("plain", "still")).data == {"n": 5}
+            slow_worker.stop()
+            plain_worker.stop()
+
+    run(main())
+
+
 def test_topic_management(server: tubeway.Server) -> None:
     async def main() -> None:
         c = await tubeway.aio.connect(server.url)

@@ -5,7 +5,8 @@ and ``publish`` write their request from the loop's thread, and the reply
 comes straight back to the loop, which resolves the call's future (no
 thread in between); a cancelled ``poll`` is withdrawn, and loses no
 message, and a cancelled ``offer`` is withdrawn. A subscription's
-deliveries come back to the loop the same way. ``send_oneway`` and ``publish_oneway`` return as soon as the loop's
+deliveries, and the calls of a function served here, come to the loop the
+same way. ``send_oneway`` and ``publish_oneway`` return as soon as the loop's
 thread has written the message (or, when the write queue is full, once the
 client's thread has). The other operations run the blocking call on a thread of a pool
 of this module's, the GIL released while it waits. Callbacks (subscribers,
@@ -38,22 +39,6 @@ _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix
 async def _run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(_POOL, functools.partial(fn, *args, **kwargs))
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``callback`` made callable from any thread: it runs on ``loop``, and the
-    caller waits for its result (handlers) or not (subscribers)."""
-
-    def call(arg: Any) -> Any:
-        async def run() -> Any:
-            out = callback(arg)
-            if inspect.isawaitable(out):
-                out = await out
-            return out
-
-        return asyncio.run_coroutine_threadsafe(run(), loop).result()
-
-    return call
 
 
 def _close_inbox(loop: asyncio.AbstractEventLoop, inbox: _tubeway._LoopInbox) -> None:
@@ -134,6 +119,38 @@ class _Deliveries:
         )
 
 
+class _Calls:
+    """Runs a served function's handler on the loop for each call, which the
+    loop's inbox brings with its responder, and answers through it: calls
+    run concurrently, a coroutine handler's each in a task of its own."""
+
+    def __init__(self, handler: Callable[[_tubeway.Message], Any]) -> None:
+        self._handler = handler
+        self._running: "set[asyncio.Future[None]]" = set()
+
+    def __call__(self, message: _tubeway.Message, responder: _tubeway._Responder) -> None:
+        try:
+            out = self._handler(message)
+        except Exception as e:  # noqa: BLE001 - the caller gets it as handler_error
+            responder.fail(e)
+            return
+        if inspect.isawaitable(out):
+            task = asyncio.ensure_future(self._finish(out, responder))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+        else:
+            responder.reply(out)
+
+    @staticmethod
+    async def _finish(out: Any, responder: _tubeway._Responder) -> None:
+        try:
+            value = await out
+        except Exception as e:  # noqa: BLE001 - as in __call__
+            responder.fail(e)
+            return
+        responder.reply(value)
+
+
 class Client:
     """A connection to a Tubeway broker for asyncio code; use ``async with``
     or ``await tubeway.aio.connect(...)``. The methods are those of
@@ -209,8 +226,8 @@ class Client:
     async def serve(self, function: str, handler: Callable[[_tubeway.Message], Any]) -> _tubeway.Worker:
         """Serves ``function``; ``handler`` (a function or a coroutine
         function) runs on this event loop for each call."""
-        wrapped = _on_loop(asyncio.get_running_loop(), handler)
-        return await _run(self.blocking.serve, function, wrapped)
+        calls = _Calls(handler)
+        return await _run(self.blocking._serve_on_loop, function, calls, self._inbox_here())
 
     async def remove_function(self, function: str) -> None:
         await _run(self.blocking.remove_function, function)

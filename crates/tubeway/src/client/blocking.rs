@@ -1139,8 +1139,24 @@ impl Client {
     where
         F: Fn(Message) -> std::result::Result<Message, HandlerError> + Send + Sync + 'static,
     {
+        self.served(self.inner.serve(function, handler))
+    }
+
+    /// Serves `function` with an async handler, run on the client's
+    /// background thread; see [`AsyncClient::serve_async`]. For a handler
+    /// whose work is done elsewhere (a language binding's event loop, say)
+    /// and which only waits for it here.
+    pub fn serve_async<F, Fut>(&self, function: &str, handler: F) -> Result<Worker>
+    where
+        F: Fn(Message) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<Message, HandlerError>> + Send + 'static,
+    {
+        self.served(self.inner.serve_async(function, handler))
+    }
+
+    fn served(&self, registered: impl Future<Output = Result<super::Worker>>) -> Result<Worker> {
         let duty = self.exec.duty()?;
-        let inner = self.block_on(self.inner.serve(function, handler))??;
+        let inner = self.block_on(registered)??;
         Ok(Worker {
             inner,
             exec: self.exec.clone(),
