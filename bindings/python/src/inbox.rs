@@ -73,9 +73,8 @@ pub struct Caller {
 impl Caller {
     /// Hands `msg` to the loop; the outcome comes back through `answer`.
     pub fn call(&self, msg: Message, answer: Answer) {
-        self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
         self.shared
-            .post(Entry::Call(self.target.clone(), msg, answer));
+            .post_counted(Entry::Call(self.target.clone(), msg, answer));
     }
 }
 
@@ -165,6 +164,13 @@ impl Shared {
         self.ready.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// [`post`](Self::post) of an entry no future was handed out for
+    /// (a delivery, a call): counted in flight here.
+    fn post_counted(&self, entry: Entry) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.post(entry);
+    }
+
     /// Hands `entry` to the loop, from any thread, without the GIL.
     fn post(&self, entry: Entry) {
         let first = {
@@ -210,8 +216,8 @@ impl Deliverer {
     /// subscription has ended.
     pub fn deliver(&self, msg: Message) {
         if self.credits.take() {
-            self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
-            self.shared.post(Entry::Delivery(self.target.clone(), msg));
+            self.shared
+                .post_counted(Entry::Delivery(self.target.clone(), msg));
         }
     }
 }

@@ -311,7 +311,7 @@ impl AsyncClient {
         let wait = self.wait_for(msg.timeout);
         let deadline = tokio::time::Instant::now().checked_add(wait);
         let Started {
-            pending,
+            mut pending,
             frame,
             pipelined,
             swept,
@@ -322,14 +322,12 @@ impl AsyncClient {
             Some(frame) if conn.none_handed_over() => conn.try_send_as(frame, pipelined)?,
             unsent => unsent,
         };
+        pending.set_written(unsent.is_none());
         let handed_over = unsent.as_ref().map(|_| Box::new(conn.hand_over()));
         Ok(Launched {
             client: self.clone(),
             call: Some(LaunchedCall {
-                answer: pending.into_parts().map(|mut a| {
-                    a.written = unsent.is_none();
-                    a
-                }),
+                answer: pending.into_parts(),
                 frame: unsent,
                 pipelined,
                 swept,
