@@ -210,12 +210,7 @@ pub fn seconds(timeout: Option<f64>) -> PyResult<Option<Duration>> {
 /// as a wake-up costs, then sleep; on sockets, sleep at once.
 pub fn wait_strategy(wait: &str, url: &Url) -> PyResult<WaitStrategy> {
     if wait == "default" {
-        return Ok(match url {
-            Url::Shm { .. } => WaitStrategy::SpinPark {
-                spin: tubeway_transport::DEFAULT_SPIN,
-            },
-            _ => WaitStrategy::PARK,
-        });
+        return Ok(url.default_wait());
     }
     let strategy: WaitStrategy =
         wait.parse()

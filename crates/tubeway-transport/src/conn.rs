@@ -64,11 +64,8 @@ impl Connection {
             reader,
             writer,
             peer,
-            // Spin about as long as a wake-up costs, then sleep: a peer that
-            // answers within that never pays for a wake-up.
-            default_wait: WaitStrategy::SpinPark {
-                spin: crate::wait::DEFAULT_SPIN,
-            },
+            // See `Url::default_wait`.
+            default_wait: WaitStrategy::default(),
         }
     }
 

@@ -2,6 +2,8 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
+use crate::WaitStrategy;
+
 /// A transport address.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -109,6 +111,20 @@ impl FromStr for Url {
     }
 }
 
+impl Url {
+    /// How a reader on this transport waits unless told otherwise. Over
+    /// shared memory it spins about as long as a wake-up costs, then sleeps:
+    /// a peer that answers within that never pays for a wake-up. Over a
+    /// socket or a pipe it sleeps at once, since every look costs a system
+    /// call.
+    pub fn default_wait(&self) -> WaitStrategy {
+        match self {
+            Url::Shm { .. } => WaitStrategy::default(),
+            _ => WaitStrategy::PARK,
+        }
+    }
+}
+
 impl fmt::Display for Url {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -174,6 +190,16 @@ fn parse_shm(rest: &str) -> Result<Url, &'static str> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_memory_spins_before_it_sleeps_and_sockets_sleep_at_once() {
+        let wait = |u: &str| u.parse::<Url>().unwrap().default_wait();
+        assert_eq!(wait("shm://bus"), WaitStrategy::default());
+        assert!(wait("shm://bus").spin().is_some_and(|s| !s.is_zero()));
+        for u in ["tcp://127.0.0.1:1", "unix:///a.sock", "mem://x"] {
+            assert_eq!(wait(u), WaitStrategy::PARK, "{u}");
+        }
+    }
 
     #[test]
     fn parse_and_display() {
