@@ -8,7 +8,8 @@
 //! The buffer protocol joined the stable ABI in CPython 3.11, with the
 //! layout and functions it has had since 3.3; the package is built for the
 //! stable ABI of 3.9, so these few declarations are made here (PyO3 gates
-//! its own on 3.11). This is the only module with `unsafe` code.
+//! its own on 3.11). With `thread_state`, one of the two modules with
+//! `unsafe` code.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_int, c_void};

@@ -17,6 +17,8 @@ use std::time::Duration;
 use pyo3::marker::Ungil;
 use pyo3::prelude::*;
 
+use crate::thread_state;
+
 /// How long interpreter exit waits for callbacks still running.
 const EXIT_GRACE: Duration = Duration::from_secs(2);
 
@@ -34,8 +36,24 @@ fn gate() -> &'static (Mutex<Gate>, Condvar) {
 }
 
 /// Runs `f` with the GIL from a thread Python did not start; `None` once
-/// the interpreter is exiting.
+/// the interpreter is exiting. The thread keeps the thread state it takes
+/// the GIL with (see [`thread_state`](crate::thread_state)).
 pub fn attach<R>(f: impl FnOnce(Python<'_>) -> R) -> Option<R> {
+    entered(|| {
+        let keep = thread_state::wanted();
+        Python::try_attach(|py| {
+            if keep {
+                thread_state::keep(py);
+            }
+            f(py)
+        })
+    })
+    .flatten()
+}
+
+/// Runs `f`, which takes the GIL, unless the interpreter is exiting: then
+/// `None`. [`at_exit`] waits for the `f`s already running.
+pub fn entered<R>(f: impl FnOnce() -> R) -> Option<R> {
     {
         let mut g = gate().0.lock().unwrap_or_else(PoisonError::into_inner);
         if g.closed {
@@ -52,7 +70,7 @@ pub fn attach<R>(f: impl FnOnce(Python<'_>) -> R) -> Option<R> {
         }
     }
     let _leave = Leave(gate());
-    Python::try_attach(f)
+    Some(f())
 }
 
 /// Registered with `atexit`: stops Rust threads from taking the GIL, after

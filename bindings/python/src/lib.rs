@@ -19,6 +19,7 @@ mod queue;
 mod runtime;
 mod server;
 mod subscription;
+mod thread_state;
 
 use pyo3::prelude::*;
 

@@ -217,6 +217,24 @@ def test_worker_may_call_other_functions(server: tubeway.Server, client: tubeway
             assert client.send("twice", "ab").text == "abab"
 
 
+def test_handler_thread_locals_last_between_calls(server: tubeway.Server, client: tubeway.Client) -> None:
+    # Handlers run on threads Python did not start; each keeps its Python
+    # thread state, so per-thread data (a cache, a connection) outlives a
+    # call as it does on a Python thread.
+    local = threading.local()
+
+    def count(_: Message) -> int:
+        local.calls = getattr(local, "calls", 0) + 1
+        return local.calls
+
+    server.create_function("count-here", count)
+    with tubeway.Client(server.url) as wc:
+        with wc.serve("count-there", count):
+            for function in ("count-here", "count-there"):
+                seen = [client.send(function, None).data for _ in range(20)]
+                assert max(seen) > 1, (function, seen)
+
+
 def test_remove_function(server: tubeway.Server, client: tubeway.Client) -> None:
     server.create_function("echo", echo)
     client.remove_function("echo")

@@ -39,6 +39,7 @@ crate::transport_tests! {
     blocking_waits_end_when_their_interrupt_check_says_so,
     function_status_counts_calls_and_errors,
     blocking_worker_serves_while_its_thread_waits,
+    blocking_worker_sends_large_answers_while_its_thread_waits,
     blocking_oneway_calls_are_flushed_when_the_client_drops,
 }
 
@@ -992,32 +993,75 @@ async fn function_status_counts_calls_and_errors(h: &Harness) {
     assert_status(step(c.serve("echo", Ok)).await, ResponseStatus::Conflict);
 }
 
+/// A blocking worker serving `function` from a thread of its own, which
+/// then waits without touching its client; [`IdleWorker::stop`] ends it.
+struct IdleWorker {
+    done: std::sync::mpsc::Sender<()>,
+    thread: tokio::task::JoinHandle<()>,
+}
+
+impl IdleWorker {
+    async fn start<F>(h: &Harness, function: &'static str, handler: F) -> IdleWorker
+    where
+        F: Fn(Message) -> Result<Message, tubeway::HandlerError> + Send + Sync + 'static,
+    {
+        let (url, options) = (h.url.clone(), h.client_options());
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let (done, done_rx) = std::sync::mpsc::channel::<()>();
+        let thread = tokio::spawn(on_thread(move || {
+            let c = Client::connect_with(&url, options).unwrap();
+            let w = c.serve(function, handler).unwrap();
+            ready_tx.send(()).unwrap();
+            done_rx.recv_timeout(common::TEST_TIMEOUT).unwrap();
+            w.stop().unwrap();
+        }));
+        step(ready_rx).await.unwrap();
+        IdleWorker { done, thread }
+    }
+
+    async fn stop(self) {
+        self.done.send(()).unwrap();
+        step(self.thread).await.unwrap();
+    }
+}
+
 /// A blocking client's connection is driven by the thread that calls; a
 /// worker must go on serving while that thread does something else.
 async fn blocking_worker_serves_while_its_thread_waits(h: &Harness) {
-    let (url, options) = (h.url.clone(), h.client_options());
-    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let worker = tokio::spawn(on_thread(move || {
-        let c = Client::connect_with(&url, options).unwrap();
-        let w = c
-            .serve("double", |m: Message| {
-                Ok(Message::plain_text(m.text_payload()?.repeat(2)))
-            })
-            .unwrap();
-        ready_tx.send(()).unwrap();
-        // Waits without touching the client.
-        done_rx.recv_timeout(common::TEST_TIMEOUT).unwrap();
-        w.stop().unwrap();
-    }));
-    step(ready_rx).await.unwrap();
+    let worker = IdleWorker::start(h, "double", |m: Message| {
+        Ok(Message::plain_text(m.text_payload()?.repeat(2)))
+    })
+    .await;
     let caller = h.client().await;
     for _ in 0..3 {
         let r = step(caller.send("double", Message::plain_text("ab"))).await;
         assert_eq!(text(&r.unwrap()), "abab");
     }
-    done_tx.send(()).unwrap();
-    step(worker).await.unwrap();
+    worker.stop().await;
+}
+
+/// A synchronous handler's answer is sent by the thread that ran it. Answers
+/// larger than the transport holds at once, and more of them than the write
+/// queue holds, must all go out while the worker's own thread waits.
+async fn blocking_worker_sends_large_answers_while_its_thread_waits(h: &Harness) {
+    const SIZE: usize = 3 << 20;
+    let worker = IdleWorker::start(h, "fill", |m: Message| {
+        let byte = m.payload.first().copied().ok_or("no payload")?;
+        Ok(Message::binary(vec![byte; SIZE], None))
+    })
+    .await;
+    let caller = h.client().await;
+    let calls = (1..=4u8).map(|i| caller.send("fill", Message::binary(vec![i], None)));
+    let answers = within(common::TEST_TIMEOUT, futures::future::join_all(calls)).await;
+    for (i, answer) in (1..=4u8).zip(answers) {
+        let answer = answer.unwrap();
+        assert_eq!(answer.payload.len(), SIZE);
+        assert!(
+            answer.payload.iter().all(|&b| b == i),
+            "answer {i} is its own"
+        );
+    }
+    worker.stop().await;
 }
 
 /// Oneway calls are queued, not sent, when `send_oneway` returns; dropping

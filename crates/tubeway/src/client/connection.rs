@@ -34,23 +34,27 @@ use crate::{Error, Result};
 /// Why a handler gave no result.
 pub(crate) enum HandlerFailure {
     Panicked,
-    /// The runtime that ran it shut down.
-    Cancelled,
 }
 
-/// A handler's run on one request, for the task that answers it.
-pub(crate) type HandlerRun = Pin<
-    Box<
-        dyn Future<
-                Output = std::result::Result<
-                    std::result::Result<Message, HandlerError>,
-                    HandlerFailure,
-                >,
-            > + Send,
-    >,
->;
-/// Starts the handler of one worker registration on one request.
-pub(crate) type Dispatch = Arc<dyn Fn(Message) -> HandlerRun + Send + Sync>;
+/// A handler's outcome on one request.
+pub(crate) type Outcome =
+    std::result::Result<std::result::Result<Message, HandlerError>, HandlerFailure>;
+
+/// An async handler's run on one request, for the task that answers it.
+pub(crate) type HandlerRun = Pin<Box<dyn Future<Output = Outcome> + Send>>;
+
+/// A synchronous handler.
+pub(crate) type BlockingHandler =
+    dyn Fn(Message) -> std::result::Result<Message, HandlerError> + Send + Sync;
+
+/// How the handler of one worker registration runs a request.
+#[derive(Clone)]
+pub(crate) enum Dispatch {
+    /// On the reader until it waits, then on a task of its own.
+    Async(Arc<dyn Fn(Message) -> HandlerRun + Send + Sync>),
+    /// On the blocking pool, whose thread also sends the answer.
+    Blocking(Arc<BlockingHandler>),
+}
 
 /// State shared by the client handle, the reader task and the writer task.
 pub(crate) struct Conn {
@@ -1141,25 +1145,60 @@ impl Waits {
     }
 }
 
-/// Answers a call to a function this connection serves: right here when
-/// its handler completes without waiting, as most do, else on a task of its
-/// own. A task for every call would be scheduled on another of the
-/// runtime's threads while this one reads, and wake it to run.
+/// Answers a call to a function this connection serves.
+///
+/// An async handler's call is answered right here when the handler
+/// completes without waiting, as most do, else on a task of its own. A task
+/// for every call would be scheduled on another of the runtime's threads
+/// while this one reads, and wake it to run.
+///
+/// A synchronous handler runs on the blocking pool, and the pool's thread
+/// sends the answer itself: handing it back to a task would wake a thread
+/// of the runtime (the background thread of a blocking client, often
+/// asleep) for every call.
 fn serve_now(conn: Arc<Conn>, dispatch: Dispatch, req: Message) {
-    let mut call = Box::pin(serve_one(conn, dispatch, req));
-    // Polled first with a waker that does nothing: a call that waits is
-    // polled again by its task at once, and registers that task's waker then.
-    let mut cx = Context::from_waker(futures::task::noop_waker_ref());
-    if call.as_mut().poll(&mut cx).is_pending() {
-        tokio::spawn(call);
+    let oneway = req.oneway;
+    let reply = req.response(ResponseStatus::Ok);
+    match dispatch {
+        Dispatch::Async(start) => {
+            let mut call = Box::pin(async move {
+                let outcome = start(req).await;
+                if let Some(frame) = answer_frame(&conn, reply, oneway, outcome) {
+                    let _ = conn.send_frame(frame).await;
+                }
+            });
+            // Polled first with a waker that does nothing: a call that waits is
+            // polled again by its task at once, and registers that task's waker then.
+            let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+            if call.as_mut().poll(&mut cx).is_pending() {
+                tokio::spawn(call);
+            }
+        }
+        Dispatch::Blocking(handler) => {
+            drop(tokio::task::spawn_blocking(move || {
+                let outcome =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(req)))
+                        .map_err(|_| HandlerFailure::Panicked);
+                if let Some(frame) = answer_frame(&conn, reply, oneway, outcome) {
+                    conn.send_soon(frame);
+                    // What the stream did not take at once must go out even
+                    // if the worker stopped meanwhile, and with it the duty
+                    // that drives a blocking client's connection.
+                    conn.flush_behind();
+                }
+            }));
+        }
     }
 }
 
-/// Runs one request through a worker's handler and sends the answer.
-async fn serve_one(conn: Arc<Conn>, dispatch: Dispatch, req: Message) {
-    let oneway = req.oneway;
-    let mut reply = req.response(ResponseStatus::Ok);
-    let outcome = dispatch(req).await;
+/// The frame that answers a call, `reply` filled in from the handler's
+/// outcome; none for a oneway call.
+fn answer_frame(
+    conn: &Conn,
+    mut reply: Message,
+    oneway: bool,
+    outcome: Outcome,
+) -> Option<EncodedFrame> {
     let error = match outcome {
         Ok(Ok(out)) => {
             reply.subject = out.subject.clone();
@@ -1168,20 +1207,19 @@ async fn serve_one(conn: Arc<Conn>, dispatch: Dispatch, req: Message) {
         }
         Ok(Err(e)) => Some(e.to_string()),
         Err(HandlerFailure::Panicked) => Some("handler panicked".to_owned()),
-        Err(HandlerFailure::Cancelled) => Some("handler was cancelled".to_owned()),
     };
     if oneway {
         if let Some(e) = error {
             tracing::warn!("handler failed on a oneway request: {e}");
         }
-        return;
+        return None;
     }
     if let Some(reason) = error {
         reply.response_status = Some(ResponseStatus::HandlerError);
         reply = reply.with_text(reason, MIME_TEXT, "utf-8");
     }
-    let frame = match conn.encode(&reply) {
-        Ok(frame) => frame,
+    match conn.encode(&reply) {
+        Ok(frame) => Some(frame),
         Err(e) => {
             // The answer cannot be sent as is; tell the caller why instead.
             let status = e.status().unwrap_or(ResponseStatus::HandlerError);
@@ -1190,11 +1228,7 @@ async fn serve_one(conn: Arc<Conn>, dispatch: Dispatch, req: Message) {
             r.correlation_id = reply.correlation_id;
             r.request_id = reply.request_id.take();
             let r = r.with_text(format!("response not sent: {e}"), MIME_TEXT, "utf-8");
-            match conn.encode(&r) {
-                Ok(frame) => frame,
-                Err(_) => return,
-            }
+            conn.encode(&r).ok()
         }
-    };
-    let _ = conn.send_frame(frame).await;
+    }
 }

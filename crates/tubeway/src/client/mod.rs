@@ -431,7 +431,8 @@ impl AsyncClient {
     /// Serves `function` on this connection with a synchronous handler.
     ///
     /// Each call runs on tokio's blocking pool, so calls run concurrently and
-    /// a slow handler never stalls the connection. The returned message's
+    /// a slow handler never stalls the connection; the pool's thread sends
+    /// the answer. The returned message's
     /// payload, mimetype, charset and subject form the `ok` response; an
     /// `Err` becomes `handler_error` with its `Display` as the reason, and so
     /// does a panic ("handler panicked"). Oneway calls get no response.

@@ -91,21 +91,9 @@ pub(crate) fn sync_dispatch<F>(handler: F) -> Dispatch
 where
     F: Fn(Message) -> std::result::Result<Message, HandlerError> + Send + Sync + 'static,
 {
-    let handler = Arc::new(handler);
-    Arc::new(move |msg| {
-        let handler = handler.clone();
-        let run =
-            tokio::task::spawn_blocking(move || super::blocking::allow_blocking(|| handler(msg)));
-        Box::pin(async move {
-            run.await.map_err(|e| {
-                if e.is_panic() {
-                    HandlerFailure::Panicked
-                } else {
-                    HandlerFailure::Cancelled
-                }
-            })
-        })
-    })
+    Dispatch::Blocking(Arc::new(move |msg| {
+        super::blocking::allow_blocking(|| handler(msg))
+    }))
 }
 
 /// Runs an async handler in the task that answers the call, a panic caught
@@ -117,13 +105,13 @@ where
     F: Fn(Message) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = std::result::Result<Message, HandlerError>> + Send + 'static,
 {
-    Arc::new(
-        move |msg| match std::panic::catch_unwind(AssertUnwindSafe(|| handler(msg))) {
+    Dispatch::Async(Arc::new(move |msg| {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| handler(msg))) {
             Ok(fut) => {
                 let run = AssertUnwindSafe(fut).catch_unwind();
                 Box::pin(async move { run.await.map_err(|_| HandlerFailure::Panicked) })
             }
             Err(_) => Box::pin(std::future::ready(Err(HandlerFailure::Panicked))),
-        },
-    )
+        }
+    }))
 }
