@@ -58,17 +58,3 @@ pub fn exception_text(py: Python<'_>, e: &PyErr) -> HandlerError {
     }
     text.into()
 }
-
-/// Runs a blocking handler on the blocking pool of the current runtime, so
-/// an I/O thread never waits for the GIL or for Python code.
-pub async fn off_io_thread(
-    handler: std::sync::Arc<Py<PyAny>>,
-    msg: Message,
-) -> Result<Message, HandlerError> {
-    // Where Python code may use the blocking client (`tubeway.Client`).
-    tokio::task::spawn_blocking(move || {
-        tubeway::blocking::allow_blocking(|| call_function(&handler, msg))
-    })
-    .await
-    .map_err(|e| HandlerError::from(format!("handler failed: {e}")))?
-}

@@ -1,6 +1,6 @@
 //! `tubeway.Server`: the broker embedded in a Python process.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use pyo3::prelude::*;
 use tubeway::broker::BrokerError;
@@ -100,13 +100,14 @@ impl PyServer {
 
     /// Serves `name` with `handler(message)`, run on a worker thread for each
     /// call: its return value is the reply; an exception it raises is a
-    /// handler_error with the exception's message, and serving goes on.
+    /// handler_error with the exception's message, and serving goes on. A
+    /// call that outlasts its timeout is answered `timeout`.
     fn create_function(&self, name: &str, handler: Py<PyAny>) -> PyResult<()> {
-        let handler = Arc::new(handler);
         self.broker()?
-            // Cloning the Arc, not the Python object: no GIL on the I/O thread.
-            .create_async_function(name, move |m: Message| {
-                handler::off_io_thread(handler.clone(), m)
+            // On the blocking pool: an I/O thread never waits for the GIL.
+            // Python code there may use the blocking client.
+            .create_blocking_function(name, move |m: Message| {
+                tubeway::blocking::allow_blocking(|| handler::call_function(&handler, m))
             })
             .map_err(broker_error)
     }

@@ -71,6 +71,31 @@ def test_slow_handler_does_not_stall_others(tcp_server: tubeway.Server) -> None:
         assert [f.result(10).text for f in pending] == ["slow"] * 4
 
 
+def test_a_handler_that_outlasts_its_call_is_answered_timeout(tcp_server: tubeway.Server) -> None:
+    release = threading.Event()
+    ended = threading.Event()
+
+    def stuck(_: Message) -> str:
+        release.wait(10)
+        ended.set()
+        return "too late"
+
+    tcp_server.create_function("stuck", stuck)
+    tcp_server.create_function("echo", lambda m: m)
+    with tubeway.Client(tcp_server.url) as c:
+        start = time.monotonic()
+        with pytest.raises(tubeway.Timeout):
+            c.send("stuck", "x", timeout=0.2)
+        assert time.monotonic() - start < 5
+        assert c.send("echo", "next").text == "next"
+        release.set()
+        assert ended.wait(10)
+        # What the handler gave late went nowhere; the call counts once, failed.
+        assert c.send("echo", "after").text == "after"
+        status = c.function_status("stuck")
+        assert (status["calls"], status["errors"]) == (1, 1)
+
+
 def test_max_message_size() -> None:
     with tubeway.Server(["tcp://127.0.0.1:0"], max_message_size=64 * 1024) as s:
         s.create_function("echo", lambda m: m)

@@ -406,6 +406,22 @@ impl Broker {
         self.inner.add_function(name, Handler::Async(Arc::new(f)))
     }
 
+    /// Registers a function served by a synchronous handler that may block
+    /// or compute long (a language binding's callback, a database query).
+    /// Each call runs on the runtime's blocking pool, whose thread sends the
+    /// answer, so calls run concurrently, up to the connection's in-flight
+    /// limit, and no connection waits for them. A call that outlasts its
+    /// timeout is answered `timeout` while its handler runs on; what the
+    /// handler gives then is dropped. Otherwise as
+    /// [`Broker::create_function`].
+    pub fn create_blocking_function<F>(&self, name: &str, handler: F) -> Result<(), BrokerError>
+    where
+        F: Fn(Message) -> Result<Message, HandlerError> + Send + Sync + 'static,
+    {
+        self.inner
+            .add_function(name, Handler::Blocking(Arc::new(handler)))
+    }
+
     /// Removes a function (its local handler and its workers).
     pub fn remove_function(&self, name: &str) -> Result<(), BrokerError> {
         self.inner.remove_function(name)
@@ -418,7 +434,14 @@ impl Broker {
         msg.destination = Some(function.to_owned());
         msg.oneway = false;
         let f = self.inner.function(function)?;
-        let answer = within(msg.timeout, f.call(msg)).await?;
+        let answer = match within(msg.timeout, f.call(msg)).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                // A call that timed out failed, whoever serves the function.
+                f.count(true);
+                return Err(e);
+            }
+        };
         let resp =
             answer?.ok_or_else(|| BrokerError::new(ResponseStatus::ServerError, "no response"))?;
         match resp.status() {

@@ -28,8 +28,12 @@ type AsyncFn = dyn Fn(Message) -> HandlerFuture + Send + Sync;
 
 #[derive(Clone)]
 pub(crate) enum Handler {
+    /// Runs on the reader of the caller's connection.
     Sync(Arc<SyncFn>),
+    /// Runs on the reader until it first waits, then on a task.
     Async(Arc<AsyncFn>),
+    /// Runs on the blocking pool, whose thread sends the answer.
+    Blocking(Arc<SyncFn>),
 }
 
 impl std::fmt::Debug for Handler {
@@ -37,6 +41,7 @@ impl std::fmt::Debug for Handler {
         f.write_str(match self {
             Handler::Sync(_) => "Handler::Sync",
             Handler::Async(_) => "Handler::Async",
+            Handler::Blocking(_) => "Handler::Blocking",
         })
     }
 }
@@ -54,6 +59,17 @@ impl Handler {
                 AssertUnwindSafe(async move { f(req).await })
                     .catch_unwind()
                     .await
+            }
+            Handler::Blocking(f) => {
+                let f = f.clone();
+                let ran = tokio::task::spawn_blocking(move || {
+                    std::panic::catch_unwind(AssertUnwindSafe(|| f(req)))
+                });
+                ran.await.unwrap_or_else(|e| {
+                    Err(e
+                        .try_into_panic()
+                        .unwrap_or_else(|_| Box::new("the runtime shut down")))
+                })
             }
         }
     }
@@ -158,8 +174,30 @@ pub(crate) enum Inline<R> {
     Done(Option<R>),
     /// The call's async handler waits: the rest of the call.
     Waits(Waiting),
+    /// The call's handler runs on the blocking pool: the call, to run there.
+    Blocking(BlockingCall),
     /// The function is served by workers: the request, back.
     Remote(Box<Message>),
+}
+
+/// A local call of a handler that may block, for the blocking pool.
+pub(crate) struct BlockingCall {
+    handler: Arc<SyncFn>,
+    req: Box<Message>,
+    caller: Caller,
+}
+
+impl BlockingCall {
+    /// Runs the handler on this thread, which may block; the response to
+    /// send (none for a oneway call) and whether the call failed. Not
+    /// counted: the call may have timed out meanwhile.
+    pub fn run(self, f: &Function) -> (Option<Message>, bool) {
+        let handler = self.handler;
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| handler(*self.req)));
+        let answer = f.local_answer(self.caller, outcome);
+        let failed = is_failure(answer.as_ref());
+        (answer, failed)
+    }
 }
 
 /// A local call whose async handler waited when first polled.
@@ -311,6 +349,11 @@ impl Function {
                 }));
                 self.answered(&mut r, caller, &outcome, answer)
             }
+            Handler::Blocking(f) => Inline::Blocking(BlockingCall {
+                handler: f.clone(),
+                req,
+                caller,
+            }),
             Handler::Async(f) => {
                 let mut r = (!caller.oneway).then(|| Message::new(MessageType::Response));
                 let outcome = match start_async(f.as_ref(), req, r.as_mut()) {

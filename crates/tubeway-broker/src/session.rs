@@ -14,7 +14,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio::sync::{oneshot, Notify, Semaphore};
+use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tubeway_proto::ops::{self, Hello, Welcome};
@@ -933,11 +933,23 @@ impl Session {
     where
         F: Future<Output = Option<Result<Message, BrokerError>>> + Send + 'static,
     {
+        if let Some(permit) = self.slot().await {
+            self.spawn_in(permit, to, op);
+        }
+    }
+
+    /// One of the connection's in-flight slots; none once the session ends.
+    async fn slot(&self) -> Option<OwnedSemaphorePermit> {
         // Waiting here stops this connection's reads: back-pressure on a client
         // that floods requests it does not wait for.
-        let Ok(permit) = self.inflight.clone().acquire_owned().await else {
-            return;
-        };
+        self.inflight.clone().acquire_owned().await.ok()
+    }
+
+    /// [`spawn`](Self::spawn) in a slot taken already.
+    fn spawn_in<F>(&mut self, permit: OwnedSemaphorePermit, to: ReplyTo, op: F)
+    where
+        F: Future<Output = Option<Result<Message, BrokerError>>> + Send + 'static,
+    {
         let shared = self.shared.clone();
         self.spawned = true;
         self.inner.tracker.spawn(async move {
@@ -991,10 +1003,45 @@ impl Session {
                 self.spawn(to, async move {
                     match within(timeout, call.finish(&f)).await {
                         Ok(answer) => answer.map(Ok),
-                        Err(e) => Some(Err(e)),
+                        Err(e) => {
+                            f.count(true);
+                            Some(Err(e))
+                        }
                     }
                 })
                 .await;
+            }
+            Inline::Blocking(call) => {
+                let f = f.clone();
+                let Some(permit) = self.slot().await else {
+                    return;
+                };
+                // Started here, not by the task below: that task would first
+                // have to be run, by a thread of the runtime woken for it.
+                // The handler's thread sends the answer itself, for the same
+                // reason; whichever ends the call first, the handler or the
+                // timeout, answers it.
+                let ended = Arc::new(AtomicBool::new(false));
+                let (by_handler, counted) = (ended.clone(), f.clone());
+                let shared = self.shared.clone();
+                let run = tokio::task::spawn_blocking(move || {
+                    let (answer, failed) = call.run(&counted);
+                    if !by_handler.swap(true, Ordering::AcqRel) {
+                        counted.count(failed);
+                        if let Some(answer) = answer {
+                            shared.send_answer_now(&answer);
+                        }
+                    }
+                });
+                self.spawn_in(permit, to, async move {
+                    match within(timeout, run).await {
+                        Err(e) if !ended.swap(true, Ordering::AcqRel) => {
+                            f.count(true);
+                            Some(Err(e))
+                        }
+                        _ => None,
+                    }
+                });
             }
             Inline::Remote(m) => {
                 let f = f.clone();
@@ -1007,9 +1054,9 @@ impl Session {
     /// answer goes from the worker's connection straight to this one; no
     /// task waits for it (see [`crate::forward`]).
     async fn forward(&mut self, f: Arc<Function>, to: ReplyTo, m: Box<Message>) {
-        // Waiting here stops this connection's reads: back-pressure on a
-        // client that floods calls, as for requests that run on tasks.
-        let Ok(permit) = self.inflight.clone().acquire_owned().await else {
+        // Back-pressure on a client that floods calls, as for requests that
+        // run on tasks.
+        let Some(permit) = self.slot().await else {
             return;
         };
         let Some(worker) = f.pick_worker() else {

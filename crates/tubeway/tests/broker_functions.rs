@@ -38,6 +38,9 @@ crate::transport_tests! {
     blocking_call_gives_up_at_its_own_timeout,
     blocking_waits_end_when_their_interrupt_check_says_so,
     function_status_counts_calls_and_errors,
+    blocking_functions_answer_fail_and_panic,
+    blocking_function_calls_run_at_the_same_time,
+    a_blocking_function_that_outlasts_its_call_is_answered_timeout,
     blocking_worker_serves_while_its_thread_waits,
     blocking_worker_sends_large_answers_while_its_thread_waits,
     blocking_oneway_calls_are_flushed_when_the_client_drops,
@@ -798,8 +801,11 @@ async fn call_timeout_shorter_than_the_handler(h: &Harness) {
     let r =
         step(c.send_timeout("slow", Message::plain_text("x"), Duration::from_millis(200))).await;
     let took = t0.elapsed();
-    // The broker answers `timeout` itself (the client waits longer).
+    // The broker answers `timeout` itself (the client waits longer), and
+    // counts the call as failed.
     assert_status(r, ResponseStatus::Timeout);
+    let slow = step(c.function_status("slow")).await.unwrap();
+    assert_eq!((slow.calls, slow.errors), (1, 1));
     assert!(
         took >= Duration::from_millis(200),
         "answered after {took:?}"
@@ -991,6 +997,115 @@ async fn function_status_counts_calls_and_errors(h: &Harness) {
     assert_eq!(names, ["echo", "fails"]);
     // A worker cannot take over a function served inside the broker.
     assert_status(step(c.serve("echo", Ok)).await, ResponseStatus::Conflict);
+}
+
+/// A function served by a handler that may block: it answers, fails and
+/// panics as any other, and each call is counted once.
+async fn blocking_functions_answer_fail_and_panic(h: &Harness) {
+    let b = &h.broker;
+    b.create_blocking_function("b-echo", Ok).unwrap();
+    b.create_blocking_function("b-fails", |_| Err("blocked no luck".into()))
+        .unwrap();
+    b.create_blocking_function("b-panics", |_| panic!("deliberate blocking test panic"))
+        .unwrap();
+    let c = h.client().await;
+    let r = step(c.send("b-echo", Message::plain_text("hi"))).await;
+    assert_eq!(text(&r.unwrap()), "hi");
+    for (name, says) in [
+        ("b-fails", "blocked no luck"),
+        ("b-panics", "deliberate blocking test panic"),
+    ] {
+        match step(c.send(name, Message::plain_text("x"))).await {
+            Err(Error::Status { status, reason }) => {
+                assert_eq!(status, ResponseStatus::HandlerError);
+                assert!(reason.contains(says), "{name}: {reason}");
+            }
+            other => panic!("expected handler_error from {name}, got {other:?}"),
+        }
+    }
+    // Oneway calls run too, and get nothing.
+    step(c.send_oneway("b-echo", Message::plain_text("quiet")))
+        .await
+        .unwrap();
+    let r = step(c.send("b-echo", Message::plain_text("still here"))).await;
+    assert_eq!(text(&r.unwrap()), "still here");
+    for (name, calls, errors) in [("b-echo", 3, 0), ("b-fails", 1, 1), ("b-panics", 1, 1)] {
+        let s = step(c.function_status(name)).await.unwrap();
+        assert_eq!((s.calls, s.errors), (calls, errors), "{name}");
+    }
+}
+
+/// Calls of a blocking handler run at the same time, on threads of their
+/// own: each of these waits until both have started.
+async fn blocking_function_calls_run_at_the_same_time(h: &Harness) {
+    let started = Arc::new((Mutex::new(0usize), std::sync::Condvar::new()));
+    h.broker
+        .create_blocking_function("meet", move |m: Message| {
+            let (count, met) = &*started;
+            let mut n = count.lock().unwrap();
+            *n += 1;
+            met.notify_all();
+            let (n, waited) = met
+                .wait_timeout_while(n, common::TEST_TIMEOUT, |n| *n < 2)
+                .unwrap();
+            drop(n);
+            if waited.timed_out() {
+                return Err("the other call never started".into());
+            }
+            Ok(m)
+        })
+        .unwrap();
+    let c = h.client().await;
+    let (a, b) = within(
+        common::TEST_TIMEOUT,
+        futures::future::join(
+            c.send("meet", Message::plain_text("a")),
+            c.send("meet", Message::plain_text("b")),
+        ),
+    )
+    .await;
+    assert_eq!(
+        (text(&a.unwrap()), text(&b.unwrap())),
+        ("a".into(), "b".into())
+    );
+}
+
+/// A blocking handler cannot be stopped: the broker answers `timeout` when
+/// the call's time is up, serves the next calls meanwhile, drops what the
+/// handler gives later, and counts the call once, as failed.
+async fn a_blocking_function_that_outlasts_its_call_is_answered_timeout(h: &Harness) {
+    echo(h);
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let release_rx = Mutex::new(release_rx);
+    let (ended_tx, mut ended_rx) = mpsc::unbounded_channel();
+    h.broker
+        .create_blocking_function("stuck", move |_| {
+            let _ = release_rx
+                .lock()
+                .unwrap()
+                .recv_timeout(common::TEST_TIMEOUT);
+            let _ = ended_tx.send(());
+            Ok(Message::plain_text("too late"))
+        })
+        .unwrap();
+    let c = h.client().await;
+    let r = step(c.send_timeout(
+        "stuck",
+        Message::plain_text("x"),
+        Duration::from_millis(200),
+    ))
+    .await;
+    assert_status(r, ResponseStatus::Timeout);
+    let r = step(c.send("echo", Message::plain_text("next"))).await;
+    assert_eq!(text(&r.unwrap()), "next");
+    release_tx.send(()).unwrap();
+    step(ended_rx.recv()).await.unwrap();
+    // The late answer went nowhere: the next answer on this connection is
+    // the next call's.
+    let r = step(c.send("echo", Message::plain_text("after"))).await;
+    assert_eq!(text(&r.unwrap()), "after");
+    let s = step(c.function_status("stuck")).await.unwrap();
+    assert_eq!((s.calls, s.errors), (1, 1));
 }
 
 /// A blocking worker serving `function` from a thread of its own, which
