@@ -412,7 +412,8 @@ impl Broker {
     /// answer, so calls run concurrently, up to the connection's in-flight
     /// limit, and no connection waits for them. A call that outlasts its
     /// timeout is answered `timeout` while its handler runs on; what the
-    /// handler gives then is dropped. Otherwise as
+    /// handler gives then is dropped, and the call keeps its in-flight slot
+    /// until the handler ends. Otherwise as
     /// [`Broker::create_function`].
     pub fn create_blocking_function<F>(&self, name: &str, handler: F) -> Result<(), BrokerError>
     where

@@ -934,19 +934,27 @@ impl Session {
         F: Future<Output = Option<Result<Message, BrokerError>>> + Send + 'static,
     {
         if let Some(permit) = self.slot().await {
-            self.spawn_in(permit, to, op);
+            self.spawn_in(Some(permit), to, op);
         }
     }
 
     /// One of the connection's in-flight slots; none once the session ends.
     async fn slot(&self) -> Option<OwnedSemaphorePermit> {
+        if let Ok(permit) = self.inflight.clone().try_acquire_owned() {
+            return Some(permit);
+        }
+        // Answers held back to leave with those of the requests read with
+        // this one go now: a slot may stay taken long after its call was
+        // answered (by a blocking handler that outlasted its timeout).
+        self.shared.writer.uncork();
         // Waiting here stops this connection's reads: back-pressure on a client
         // that floods requests it does not wait for.
         self.inflight.clone().acquire_owned().await.ok()
     }
 
-    /// [`spawn`](Self::spawn) in a slot taken already.
-    fn spawn_in<F>(&mut self, permit: OwnedSemaphorePermit, to: ReplyTo, op: F)
+    /// [`spawn`](Self::spawn) in a slot taken already, which the task holds
+    /// if given it.
+    fn spawn_in<F>(&mut self, permit: Option<OwnedSemaphorePermit>, to: ReplyTo, op: F)
     where
         F: Future<Output = Option<Result<Message, BrokerError>>> + Send + 'static,
     {
@@ -1020,11 +1028,14 @@ impl Session {
                 // have to be run, by a thread of the runtime woken for it.
                 // The handler's thread sends the answer itself, for the same
                 // reason; whichever ends the call first, the handler or the
-                // timeout, answers it.
+                // timeout, answers it. The handler's thread holds the call's
+                // slot: a handler cannot be stopped, and one that hangs must
+                // not let its caller pile up more calls on the pool.
                 let ended = Arc::new(AtomicBool::new(false));
                 let (by_handler, counted) = (ended.clone(), f.clone());
                 let shared = self.shared.clone();
                 let run = tokio::task::spawn_blocking(move || {
+                    let _slot = permit;
                     let (answer, failed) = call.run(&counted);
                     if !by_handler.swap(true, Ordering::AcqRel) {
                         counted.count(failed);
@@ -1033,7 +1044,7 @@ impl Session {
                         }
                     }
                 });
-                self.spawn_in(permit, to, async move {
+                self.spawn_in(None, to, async move {
                     match within(timeout, run).await {
                         Err(e) if !ended.swap(true, Ordering::AcqRel) => {
                             f.count(true);

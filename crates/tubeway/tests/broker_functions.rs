@@ -41,6 +41,8 @@ crate::transport_tests! {
     blocking_functions_answer_fail_and_panic,
     blocking_function_calls_run_at_the_same_time,
     a_blocking_function_that_outlasts_its_call_is_answered_timeout,
+    blocking_handlers_that_outlast_their_calls_keep_to_the_in_flight_limit
+        with BrokerConfig::default().max_in_flight_per_connection(2),
     blocking_worker_serves_while_its_thread_waits,
     blocking_worker_sends_large_answers_while_its_thread_waits,
     blocking_oneway_calls_are_flushed_when_the_client_drops,
@@ -1106,6 +1108,54 @@ async fn a_blocking_function_that_outlasts_its_call_is_answered_timeout(h: &Harn
     assert_eq!(text(&r.unwrap()), "after");
     let s = step(c.function_status("stuck")).await.unwrap();
     assert_eq!((s.calls, s.errors), (1, 1));
+}
+
+/// A call of a blocking handler keeps its slot of the caller's in-flight
+/// limit until the handler ends, not only until the call times out: else a
+/// caller could pile up hung handlers on the pool without bound.
+async fn blocking_handlers_that_outlast_their_calls_keep_to_the_in_flight_limit(h: &Harness) {
+    let released = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let (running, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    {
+        let (released, running, most) = (released.clone(), running.clone(), most.clone());
+        h.broker
+            .create_blocking_function("hangs", move |m: Message| {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                let (lock, cvar) = &*released;
+                let held = lock.lock().unwrap();
+                let _ = cvar
+                    .wait_timeout_while(held, common::TEST_TIMEOUT, |r| !*r)
+                    .unwrap();
+                running.fetch_sub(1, Ordering::SeqCst);
+                Ok(m)
+            })
+            .unwrap();
+    }
+    let c = h.client().await;
+    let mut calls: futures::stream::FuturesUnordered<_> = (0..4)
+        .map(|_| {
+            c.send_timeout(
+                "hangs",
+                Message::plain_text("x"),
+                Duration::from_millis(300),
+            )
+        })
+        .collect();
+    // The first two time out while their handlers hang on; the other two
+    // wait for a slot, and get one only once a handler has ended.
+    for _ in 0..2 {
+        let r = step(futures::StreamExt::next(&mut calls)).await.unwrap();
+        assert_status(r, ResponseStatus::Timeout);
+    }
+    let (lock, cvar) = &*released;
+    *lock.lock().unwrap() = true;
+    cvar.notify_all();
+    for _ in 0..2 {
+        let r = step(futures::StreamExt::next(&mut calls)).await.unwrap();
+        assert_eq!(text(&r.unwrap()), "x");
+    }
+    assert_eq!(most.load(Ordering::SeqCst), 2, "handlers running at once");
 }
 
 /// A blocking worker serving `function` from a thread of its own, which
