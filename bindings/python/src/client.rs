@@ -319,15 +319,7 @@ impl PyClient {
     ) -> PyResult<PyWorker> {
         let caller = inbox.caller(target);
         let worker = self.run(py, |c| {
-            c.serve_async(&function, move |m: Message| {
-                let (answer, answered) = tokio::sync::oneshot::channel();
-                caller.call(m, answer);
-                async move {
-                    answered
-                        .await
-                        .unwrap_or_else(|_| Err("the event loop dropped the call".into()))
-                }
-            })
+            c.serve_deferred(&function, move |m: Message, answer| caller.call(m, answer))
         })?;
         Ok(PyWorker::new(worker))
     }

@@ -12,7 +12,8 @@
 //!
 //! A function served by `tubeway.aio` too: each call goes into the inbox
 //! with a [`PyResponder`], and the loop runs the handler and answers
-//! through it, the handler never on a thread of its own.
+//! through it, the handler never on a thread of its own; the loop's thread
+//! writes the answer itself.
 //!
 //! A subscription of `tubeway.aio` comes the same way: its deliveries go
 //! into the inbox, and the loop hands each to the subscription's callback.
@@ -28,7 +29,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use pyo3::prelude::*;
-use tokio::sync::oneshot;
 use tubeway::blocking::Polled;
 use tubeway::{HandlerError, Message};
 
@@ -59,8 +59,8 @@ enum Entry {
     Call(Arc<Py<PyAny>>, Message, Answer),
 }
 
-/// Where a served call's outcome goes: to the worker's task, which sends it.
-pub type Answer = oneshot::Sender<Result<Message, HandlerError>>;
+/// What answers a served call: the loop's thread writes the answer itself.
+pub type Answer = tubeway::Responder;
 
 /// Posts calls of a function served on an event loop to its inbox.
 #[derive(Debug)]
@@ -95,7 +95,7 @@ impl PyResponder {
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         if let Some(answer) = answer {
-            let _ = answer.send(outcome);
+            answer.answer(outcome);
         }
     }
 }

@@ -22,7 +22,8 @@ mod server;
 
 pub use client::blocking::{self, Client};
 pub use client::{
-    AsyncClient, Batch, ClientOptions, HandlerError, Subscription, SubscriptionHandle, Worker,
+    AsyncClient, Batch, ClientOptions, HandlerError, Responder, Subscription, SubscriptionHandle,
+    Worker,
 };
 pub use error::{Error, Result};
 pub use server::Server;

@@ -45,6 +45,7 @@ crate::transport_tests! {
         with BrokerConfig::default().max_in_flight_per_connection(2),
     blocking_worker_serves_while_its_thread_waits,
     blocking_worker_sends_large_answers_while_its_thread_waits,
+    deferred_answers_are_sent_from_the_thread_that_gives_them,
     blocking_oneway_calls_are_flushed_when_the_client_drops,
 }
 
@@ -1227,6 +1228,47 @@ async fn blocking_worker_sends_large_answers_while_its_thread_waits(h: &Harness)
         );
     }
     worker.stop().await;
+}
+
+/// A worker serving with `serve_deferred` answers each call later, from any
+/// thread, through its responder; a responder dropped unanswered, or a
+/// handler that panics, answers `handler_error`, so no caller waits forever.
+async fn deferred_answers_are_sent_from_the_thread_that_gives_them(h: &Harness) {
+    let worker_client = h.client().await;
+    let _w = step(
+        worker_client.serve_deferred("later", |m: Message, r| match text(&m).as_str() {
+            "drop" => drop(r),
+            "panic" => panic!("deliberate deferred test panic"),
+            "fail" => {
+                std::thread::spawn(move || r.answer(Err("failed later".into())));
+            }
+            _ => {
+                std::thread::spawn(move || r.answer(Ok(m)));
+            }
+        }),
+    )
+    .await
+    .unwrap();
+    let c = h.client().await;
+    let calls = ["a", "b", "c"].map(|t| c.send("later", Message::plain_text(t)));
+    let answers = within(common::TEST_TIMEOUT, futures::future::join_all(calls)).await;
+    let texts: Vec<String> = answers.into_iter().map(|a| text(&a.unwrap())).collect();
+    assert_eq!(texts, ["a", "b", "c"]);
+    for (call, says) in [
+        ("fail", "failed later"),
+        ("drop", "without answering"),
+        ("panic", "without answering"),
+    ] {
+        match step(c.send("later", Message::plain_text(call))).await {
+            Err(Error::Status { status, reason }) => {
+                assert_eq!(status, ResponseStatus::HandlerError);
+                assert!(reason.contains(says), "{call}: {reason}");
+            }
+            other => panic!("expected handler_error for {call}, got {other:?}"),
+        }
+    }
+    let r = step(c.send("later", Message::plain_text("still served"))).await;
+    assert_eq!(text(&r.unwrap()), "still served");
 }
 
 /// Oneway calls are queued, not sent, when `send_oneway` returns; dropping

@@ -1154,6 +1154,17 @@ impl Client {
         self.served(self.inner.serve_async(function, handler))
     }
 
+    /// Serves `function` with a handler that answers later, through the
+    /// responder it is given, from any thread; see
+    /// [`AsyncClient::serve_deferred`]. The handler runs on the client's
+    /// background thread and must return at once.
+    pub fn serve_deferred<F>(&self, function: &str, handler: F) -> Result<Worker>
+    where
+        F: Fn(Message, super::Responder) + Send + Sync + 'static,
+    {
+        self.served(self.inner.serve_deferred(function, handler))
+    }
+
     fn served(&self, registered: impl Future<Output = Result<super::Worker>>) -> Result<Worker> {
         let duty = self.exec.duty()?;
         let inner = self.block_on(registered)??;

@@ -54,6 +54,9 @@ pub(crate) enum Dispatch {
     Async(Arc<dyn Fn(Message) -> HandlerRun + Send + Sync>),
     /// On the blocking pool, whose thread also sends the answer.
     Blocking(Arc<BlockingHandler>),
+    /// On the reader, which hands it a responder to answer with later,
+    /// from any thread.
+    Deferred(Arc<dyn Fn(Message, Responder) + Send + Sync>),
 }
 
 /// State shared by the client handle, the reader task and the writer task.
@@ -1158,9 +1161,9 @@ impl Waits {
 /// asleep) for every call.
 fn serve_now(conn: Arc<Conn>, dispatch: Dispatch, req: Message) {
     let oneway = req.oneway;
-    let reply = req.response(ResponseStatus::Ok);
     match dispatch {
         Dispatch::Async(start) => {
+            let reply = req.response(ResponseStatus::Ok);
             let mut call = Box::pin(async move {
                 let outcome = start(req).await;
                 if let Some(frame) = answer_frame(&conn, reply, oneway, outcome) {
@@ -1175,19 +1178,92 @@ fn serve_now(conn: Arc<Conn>, dispatch: Dispatch, req: Message) {
             }
         }
         Dispatch::Blocking(handler) => {
+            let reply = req.response(ResponseStatus::Ok);
             drop(tokio::task::spawn_blocking(move || {
                 let outcome =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(req)))
                         .map_err(|_| HandlerFailure::Panicked);
-                if let Some(frame) = answer_frame(&conn, reply, oneway, outcome) {
-                    conn.send_soon(frame);
-                    // What the stream did not take at once must go out even
-                    // if the worker stopped meanwhile, and with it the duty
-                    // that drives a blocking client's connection.
-                    conn.flush_behind();
-                }
+                send_answer(&conn, reply, oneway, outcome);
             }));
         }
+        Dispatch::Deferred(handler) => {
+            let responder = Responder {
+                conn: Some(conn),
+                call: req.id,
+                request_id: req.request_id.clone(),
+                oneway,
+            };
+            // A panic drops the responder, which answers the call.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                handler(req, responder);
+            }));
+        }
+    }
+}
+
+/// Sends the answer to a call from the thread its handler ended on.
+fn send_answer(conn: &Conn, reply: Message, oneway: bool, outcome: Outcome) {
+    if let Some(frame) = answer_frame(conn, reply, oneway, outcome) {
+        conn.send_soon(frame);
+        // What the stream did not take at once must go out even if the
+        // worker stopped meanwhile, and with it the duty that drives a
+        // blocking client's connection.
+        conn.flush_behind();
+    }
+}
+
+/// Answers one call of a function served by
+/// [`AsyncClient::serve_deferred`](super::AsyncClient::serve_deferred),
+/// once, from any thread: the answer is written by the thread that gives
+/// it. Dropped unanswered, it answers `handler_error`, so no caller waits
+/// for an answer that will not come.
+#[must_use = "a dropped Responder answers the call with an error"]
+pub struct Responder {
+    /// Taken when answered.
+    conn: Option<Arc<Conn>>,
+    /// What the response needs of the request (kept small: a responder
+    /// travels with the request to where it is handled).
+    call: Uuid,
+    request_id: Option<String>,
+    oneway: bool,
+}
+
+impl Responder {
+    /// Answers the call: with the message's payload, mimetype, charset and
+    /// subject as the `ok` response, or with the error's `Display` as the
+    /// reason of a `handler_error`. A oneway call gets nothing.
+    pub fn answer(mut self, outcome: std::result::Result<Message, HandlerError>) {
+        self.send(outcome);
+    }
+
+    /// Whether the caller expects no answer (a oneway call).
+    pub fn is_oneway(&self) -> bool {
+        self.oneway
+    }
+
+    fn send(&mut self, outcome: std::result::Result<Message, HandlerError>) {
+        let Some(conn) = self.conn.take() else { return };
+        let mut reply = Message::new(MessageType::Response);
+        reply.response_status = Some(ResponseStatus::Ok);
+        reply.correlation_id = Some(self.call);
+        reply.request_id = self.request_id.take();
+        send_answer(&conn, reply, self.oneway, Ok(outcome));
+    }
+}
+
+impl Drop for Responder {
+    fn drop(&mut self) {
+        self.send(Err("the handler ended without answering the call".into()));
+    }
+}
+
+impl std::fmt::Debug for Responder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Responder")
+            .field("call", &self.call)
+            .field("answered", &self.conn.is_none())
+            .field("oneway", &self.oneway)
+            .finish()
     }
 }
 

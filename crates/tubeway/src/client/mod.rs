@@ -20,6 +20,7 @@ mod connection;
 mod subscription;
 mod worker;
 
+pub use connection::Responder;
 use connection::{poll_queue, Conn, HandedOver, Waits};
 pub use subscription::{Batch, Subscription, SubscriptionHandle};
 pub use worker::{HandlerError, Worker};
@@ -454,6 +455,22 @@ impl AsyncClient {
         Fut: Future<Output = std::result::Result<Message, HandlerError>> + Send + 'static,
     {
         self.register_worker(function, worker::async_dispatch(handler))
+            .await
+    }
+
+    /// Serves `function` with a handler that answers later, through the
+    /// [`Responder`] it is given, from any thread: for work handed to a
+    /// thread, a pool or an event loop of the program's own, whose thread
+    /// then writes the answer itself, with no hand-off back to this
+    /// client's threads. The handler runs on the connection's reader and
+    /// must return at once. A responder dropped unanswered answers
+    /// `handler_error`, and so does a panic. Otherwise as
+    /// [`AsyncClient::serve`].
+    pub async fn serve_deferred<F>(&self, function: &str, handler: F) -> Result<Worker>
+    where
+        F: Fn(Message, Responder) + Send + Sync + 'static,
+    {
+        self.register_worker(function, worker::deferred_dispatch(handler))
             .await
     }
 

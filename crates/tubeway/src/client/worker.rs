@@ -8,7 +8,7 @@ use futures::FutureExt as _;
 use tubeway_proto::{Message, MessageType};
 use uuid::Uuid;
 
-use super::connection::{Dispatch, HandlerFailure};
+use super::connection::{Dispatch, HandlerFailure, Responder};
 use super::AsyncClient;
 use crate::Result;
 
@@ -94,6 +94,15 @@ where
     Dispatch::Blocking(Arc::new(move |msg| {
         super::blocking::allow_blocking(|| handler(msg))
     }))
+}
+
+/// Runs a handler on the connection's reader with a responder to answer
+/// the call with later.
+pub(crate) fn deferred_dispatch<F>(handler: F) -> Dispatch
+where
+    F: Fn(Message, Responder) + Send + Sync + 'static,
+{
+    Dispatch::Deferred(Arc::new(handler))
 }
 
 /// Runs an async handler in the task that answers the call, a panic caught
