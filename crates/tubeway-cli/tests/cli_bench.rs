@@ -349,7 +349,7 @@ fn the_table_is_for_people() {
         "--transport",
         "tcp",
         "--mode",
-        "echo,worker,queue,oneway",
+        "echo,worker,worker-sync,queue,oneway",
     ])
     .args(["--figures", "size,round-trip", "--payload", "5KB"])
     .args(TINY);
@@ -361,6 +361,7 @@ fn the_table_is_for_people() {
         "others:   other processes used",
         "== tcp echo:",
         "== tcp worker:",
+        "== tcp worker-sync:",
         "== tcp queue:",
         "== tcp oneway:",
         "throughput by payload size",

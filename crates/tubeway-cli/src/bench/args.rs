@@ -62,7 +62,9 @@ Modes:
   call     a function call through the broker; the built-in `ack` answers an empty ok
   echo     a function call; the built-in `echo` sends the payload back
   worker   a function call the broker forwards to a worker connection of this
-           process (one per connection), whose handler answers an empty ok
+           process (one per connection), whose async handler answers an empty ok
+  worker-sync
+           the same, the worker's handler synchronous (run on the blocking pool)
   oneway   a oneway call to `ack`: no response; counted once the broker has read it
   queue    an offer, then a poll of that queue by another connection
   publish  a publish to a topic with --subscribers subscribers on their own

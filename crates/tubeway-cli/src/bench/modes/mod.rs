@@ -36,7 +36,8 @@ mod worker;
 pub static MODES: &[&dyn Mode] = &[
     &call::Call,
     &echo::Echo,
-    &worker::Worker,
+    &worker::Worker { sync: false },
+    &worker::Worker { sync: true },
     &oneway::Oneway,
     &queue::Queue,
     &publish::Publish,
@@ -402,7 +403,16 @@ mod tests {
         assert_eq!(names(&["echo", "CALL", "echo"]).unwrap(), ["echo", "call"]);
         assert_eq!(
             names(&["all"]).unwrap(),
-            ["call", "echo", "worker", "oneway", "queue", "publish", "channel"]
+            [
+                "call",
+                "echo",
+                "worker",
+                "worker-sync",
+                "oneway",
+                "queue",
+                "publish",
+                "channel"
+            ]
         );
         let err = names(&["carrier-pigeon"]).unwrap_err();
         assert!(err.contains("unknown mode \"carrier-pigeon\""), "{err}");
@@ -450,7 +460,7 @@ mod tests {
             .with_destination(name)
             .with_timeout(BROKER_WAIT);
         forwarded.correlation_id = Some(Message::request().id);
-        let [up, fwd] = worker::Worker.exchanges(payload.len())[..] else {
+        let [up, fwd] = worker::Worker { sync: false }.exchanges(payload.len())[..] else {
             panic!("two exchanges");
         };
         assert_eq!(fwd.up, encoded(&forwarded) + 10 - name.len());

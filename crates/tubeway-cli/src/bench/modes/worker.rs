@@ -1,10 +1,13 @@
-//! `worker`: a function call that the broker forwards to a worker
-//! connection, the request/reply of services behind a broker.
+//! `worker` and `worker-sync`: a function call that the broker forwards to
+//! a worker connection, the request/reply of services behind a broker.
 //!
 //! Each sending connection has a worker connection of its own (an
-//! `AsyncClient` of the bench process, serving with an async handler that
-//! answers an empty `ok`); all serve one function, which the broker
-//! spreads over them. One operation crosses the broker twice each way.
+//! `AsyncClient` of the bench process, serving with a handler that answers
+//! an empty `ok`: an async one for `worker`, which runs on the
+//! connection's reader; a synchronous one for `worker-sync`, which runs on
+//! the blocking pool as most programs' handlers do); all serve one
+//! function, which the broker spreads over them. One operation crosses the
+//! broker twice each way.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,17 +24,27 @@ use super::{
 /// The length of the function's name (`bench-<tag>`) the frame sizes assume.
 const NAME: usize = 10;
 
-/// See the module.
+/// See the module: `worker` with `sync` false, `worker-sync` with it true.
 #[derive(Debug)]
-pub struct Worker;
+pub struct Worker {
+    pub sync: bool,
+}
 
 impl Mode for Worker {
     fn name(&self) -> &'static str {
-        "worker"
+        if self.sync {
+            "worker-sync"
+        } else {
+            "worker"
+        }
     }
 
     fn about(&self) -> &'static str {
-        "a function served by a worker connection: the payload up and on to the worker, an empty ok back the same way"
+        if self.sync {
+            "a function served by a worker connection with a synchronous handler (on the blocking pool): the payload up and on to the worker, an empty ok back the same way"
+        } else {
+            "a function served by a worker connection with an async handler: the payload up and on to the worker, an empty ok back the same way"
+        }
     }
 
     fn exchanges(&self, payload: usize) -> Vec<Exchange> {
@@ -53,12 +66,14 @@ impl Mode for Worker {
             let function = format!("bench-{}", setup.tag);
             let clients = setup.connect(setup.connections).await?;
             let mut workers = Vec::with_capacity(clients.len());
+            let answer = || Ok::<_, HandlerError>(Message::binary(bytes::Bytes::new(), None));
             for c in &clients {
-                let w = c
-                    .serve_async(&function, |_| async {
-                        Ok::<_, HandlerError>(Message::binary(bytes::Bytes::new(), None))
-                    })
-                    .await;
+                let w = if self.sync {
+                    c.serve(&function, move |_| answer()).await
+                } else {
+                    c.serve_async(&function, move |_| async move { answer() })
+                        .await
+                };
                 match w {
                     Ok(w) => workers.push(w),
                     Err(e) => {
