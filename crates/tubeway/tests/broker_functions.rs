@@ -46,6 +46,7 @@ crate::transport_tests! {
     blocking_worker_serves_while_its_thread_waits,
     blocking_worker_sends_large_answers_while_its_thread_waits,
     deferred_answers_are_sent_from_the_thread_that_gives_them,
+    a_worker_refuses_calls_beyond_its_blocking_limit,
     blocking_oneway_calls_are_flushed_when_the_client_drops,
 }
 
@@ -1269,6 +1270,63 @@ async fn deferred_answers_are_sent_from_the_thread_that_gives_them(h: &Harness) 
     }
     let r = step(c.send("later", Message::plain_text("still served"))).await;
     assert_eq!(text(&r.unwrap()), "still served");
+}
+
+/// A worker runs at most `max_blocking_calls` calls of its synchronous
+/// handlers at once and answers a call beyond them `unavailable` at once,
+/// so calls to a handler that hangs cannot pile up without bound.
+async fn a_worker_refuses_calls_beyond_its_blocking_limit(h: &Harness) {
+    let options = tubeway::ClientOptions {
+        max_blocking_calls: 2,
+        ..h.client_options()
+    };
+    let worker_client = within(
+        common::STEP,
+        tubeway::AsyncClient::connect_with(&h.url, options),
+    )
+    .await
+    .unwrap();
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let release = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let held = release.clone();
+    let _w = step(worker_client.serve("held", move |m: Message| {
+        let _ = started_tx.send(());
+        let (lock, cvar) = &*held;
+        let released = lock.lock().unwrap();
+        let _ = cvar
+            .wait_timeout_while(released, common::TEST_TIMEOUT, |r| !*r)
+            .unwrap();
+        Ok(m)
+    }))
+    .await
+    .unwrap();
+    let c = h.client().await;
+    let caller = c.clone();
+    let running = tokio::spawn(async move {
+        futures::future::join(
+            caller.send("held", Message::plain_text("a")),
+            caller.send("held", Message::plain_text("b")),
+        )
+        .await
+    });
+    for _ in 0..2 {
+        step(started.recv()).await.unwrap();
+    }
+    assert_status(
+        step(c.send("held", Message::plain_text("c"))).await,
+        ResponseStatus::Unavailable,
+    );
+    let (lock, cvar) = &*release;
+    *lock.lock().unwrap() = true;
+    cvar.notify_all();
+    let (a, b) = step(running).await.unwrap();
+    assert_eq!(
+        (text(&a.unwrap()), text(&b.unwrap())),
+        ("a".into(), "b".into())
+    );
+    // Places free again as handlers end.
+    let r = step(c.send("held", Message::plain_text("d"))).await;
+    assert_eq!(text(&r.unwrap()), "d");
 }
 
 /// Oneway calls are queued, not sent, when `send_oneway` returns; dropping

@@ -1156,8 +1156,9 @@ impl Client {
 
     /// Serves `function` with a handler that answers later, through the
     /// responder it is given, from any thread; see
-    /// [`AsyncClient::serve_deferred`]. The handler runs on the client's
-    /// background thread and must return at once.
+    /// [`AsyncClient::serve_deferred`]. The handler runs where the
+    /// connection is read (the client's background thread, or a thread
+    /// waiting in a call of its own) and must return at once.
     pub fn serve_deferred<F>(&self, function: &str, handler: F) -> Result<Worker>
     where
         F: Fn(Message, super::Responder) + Send + Sync + 'static,

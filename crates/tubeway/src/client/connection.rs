@@ -92,6 +92,9 @@ pub(crate) struct Conn {
     /// Requests waiting for room in the write queue, in the order they
     /// were made (see [`Conn::hand_over`]).
     line: Arc<Line>,
+    /// Calls of synchronous handlers running, and how many may.
+    blocking_calls: AtomicUsize,
+    max_blocking_calls: AtomicUsize,
 }
 
 /// Requests whose write waits for room, in line: while it is not empty, a
@@ -287,6 +290,8 @@ pub(crate) async fn establish(
             waiting: AtomicUsize::new(0),
             turns: Arc::new(Semaphore::new(1)),
         }),
+        blocking_calls: AtomicUsize::new(0),
+        max_blocking_calls: AtomicUsize::new(super::DEFAULT_MAX_BLOCKING_CALLS),
     });
     let writer = tokio::spawn(write_loop(flusher, Arc::downgrade(&conn)));
     let mut frames = FrameReader::new(stream.reader, max_receive);
@@ -994,6 +999,22 @@ impl Conn {
         }
     }
 
+    /// Sets how many calls of synchronous handlers may run at once.
+    pub(crate) fn set_max_blocking_calls(&self, max: usize) {
+        self.max_blocking_calls.store(max, Ordering::Relaxed);
+    }
+
+    /// A place for one more call of a synchronous handler, held until
+    /// dropped; none when as many run as may.
+    fn blocking_call(self: &Arc<Self>) -> Option<BlockingCall> {
+        let max = self.max_blocking_calls.load(Ordering::Relaxed);
+        if self.blocking_calls.fetch_add(1, Ordering::AcqRel) >= max {
+            self.blocking_calls.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(BlockingCall(self.clone()))
+    }
+
     /// Sets what keeps the connection's runtime running (see
     /// [`keep_running`](Self::keep_running)); once.
     pub(crate) fn set_keep_running(&self, keep: KeepRunning) {
@@ -1178,8 +1199,13 @@ fn serve_now(conn: Arc<Conn>, dispatch: Dispatch, req: Message) {
             }
         }
         Dispatch::Blocking(handler) => {
+            let Some(place) = conn.blocking_call() else {
+                refuse_busy(&conn, &req);
+                return;
+            };
             let reply = req.response(ResponseStatus::Ok);
             drop(tokio::task::spawn_blocking(move || {
+                let _place = place;
                 let outcome =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(req)))
                         .map_err(|_| HandlerFailure::Panicked);
@@ -1198,6 +1224,30 @@ fn serve_now(conn: Arc<Conn>, dispatch: Dispatch, req: Message) {
                 handler(req, responder);
             }));
         }
+    }
+}
+
+/// A running call of a synchronous handler (see [`Conn::blocking_call`]).
+struct BlockingCall(Arc<Conn>);
+
+impl Drop for BlockingCall {
+    fn drop(&mut self) {
+        self.0.blocking_calls.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Answers `unavailable` to a call that finds as many calls of synchronous
+/// handlers running as may; a oneway one is dropped, and logged.
+fn refuse_busy(conn: &Conn, req: &Message) {
+    let max = conn.max_blocking_calls.load(Ordering::Relaxed);
+    let reason = format!("the worker runs {max} calls of synchronous handlers already");
+    if req.oneway {
+        tracing::warn!("a oneway call was dropped: {reason}");
+        return;
+    }
+    if let Ok(frame) = conn.encode(&req.error_response(ResponseStatus::Unavailable, reason)) {
+        conn.send_soon(frame);
+        conn.flush_behind();
     }
 }
 

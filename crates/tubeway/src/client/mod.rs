@@ -52,7 +52,17 @@ pub struct ClientOptions {
     /// nothing else to do; an [`AsyncClient`] spins on a thread of its
     /// runtime.
     pub wait: Option<WaitStrategy>,
+    /// How many calls of this connection's synchronous handlers
+    /// ([`AsyncClient::serve`]) may run at once (512, as many as tokio's
+    /// blocking pool runs by default). A call beyond them is answered
+    /// `unavailable` at once: queued instead, calls to a handler that hangs
+    /// would pile up without bound, since each caller's call times out and
+    /// it calls again.
+    pub max_blocking_calls: usize,
 }
+
+/// The default of [`ClientOptions::max_blocking_calls`].
+pub(crate) const DEFAULT_MAX_BLOCKING_CALLS: usize = 512;
 
 impl Default for ClientOptions {
     fn default() -> Self {
@@ -62,6 +72,7 @@ impl Default for ClientOptions {
             max_message_size: tubeway_proto::DEFAULT_MAX_MESSAGE_SIZE,
             name: ops::Hello::default().client,
             wait: None,
+            max_blocking_calls: DEFAULT_MAX_BLOCKING_CALLS,
         }
     }
 }
@@ -162,6 +173,7 @@ impl AsyncClient {
             group,
         )
         .await?;
+        est.conn.set_max_blocking_calls(options.max_blocking_calls);
         tracing::debug!(%url, server = %est.welcome.server, "connected");
         let client = AsyncClient {
             inner: Arc::new(Inner {
@@ -433,7 +445,9 @@ impl AsyncClient {
     ///
     /// Each call runs on tokio's blocking pool, so calls run concurrently and
     /// a slow handler never stalls the connection; the pool's thread sends
-    /// the answer. The returned message's
+    /// the answer. At most [`ClientOptions::max_blocking_calls`] run at once
+    /// (of all this connection's synchronous handlers); a call beyond them
+    /// is answered `unavailable`. The returned message's
     /// payload, mimetype, charset and subject form the `ok` response; an
     /// `Err` becomes `handler_error` with its `Display` as the reason, and so
     /// does a panic ("handler panicked"). Oneway calls get no response.
