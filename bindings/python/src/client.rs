@@ -112,8 +112,12 @@ impl PyClient {
     /// `wait` is how a call waits for its answer: `default` (the
     /// transport's: on shm poll briefly, then sleep; on sockets sleep at
     /// once), `park`, or `spin-park:DURATION` (poll that long, then sleep).
+    /// `max_blocking_calls` is how many calls of this client's `serve`
+    /// handlers may run at once; a call beyond them is answered
+    /// `unavailable`.
     #[new]
-    #[pyo3(signature = (url, timeout=30.0, *, connect_timeout=5.0, max_message_size=None, name=None, wait="default"))]
+    #[pyo3(signature = (url, timeout=30.0, *, connect_timeout=5.0, max_message_size=None, name=None, wait="default", max_blocking_calls=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         url: String,
@@ -122,6 +126,7 @@ impl PyClient {
         max_message_size: Option<usize>,
         name: Option<String>,
         wait: &str,
+        max_blocking_calls: Option<usize>,
     ) -> PyResult<Self> {
         let parsed: tubeway::Url = url.parse().map_err(|e: tubeway_transport::UrlError| {
             pyo3::exceptions::PyValueError::new_err(e.to_string())
@@ -137,6 +142,9 @@ impl PyClient {
         };
         if let Some(max) = max_message_size {
             options.max_message_size = max;
+        }
+        if let Some(max) = max_blocking_calls {
+            options.max_blocking_calls = max;
         }
         options.name =
             name.unwrap_or_else(|| format!("tubeway-python/{}", env!("CARGO_PKG_VERSION")));

@@ -235,6 +235,26 @@ def test_handler_thread_locals_last_between_calls(server: tubeway.Server, client
                 assert max(seen) > 1, (function, seen)
 
 
+def test_a_worker_refuses_calls_beyond_max_blocking_calls(server: tubeway.Server, client: tubeway.Client) -> None:
+    started = threading.Event()
+    release = threading.Event()
+
+    def held(m: Message) -> str:
+        started.set()
+        release.wait(10)
+        return m.text
+
+    with tubeway.Client(server.url, max_blocking_calls=1) as wc:
+        with wc.serve("held", held):
+            first = client.send_async("held", "a")
+            assert started.wait(10)
+            with pytest.raises(tubeway.Unavailable):
+                client.send("held", "b")
+            release.set()
+            assert first.result(10).text == "a"
+            assert client.send("held", "c").text == "c"
+
+
 def test_remove_function(server: tubeway.Server, client: tubeway.Client) -> None:
     server.create_function("echo", echo)
     client.remove_function("echo")

@@ -210,6 +210,8 @@ class Client:
     call waits for its answer: ``"default"`` (the transport's: on shm poll
     briefly, then sleep; on sockets sleep at once), ``"park"`` or
     ``"spin-park:DURATION"`` (poll that long, then sleep).
+    ``max_blocking_calls`` (default 512) is how many calls of ``serve``
+    handlers run at once; a call beyond them is answered ``unavailable``.
     """
 
     def __init__(
@@ -221,6 +223,7 @@ class Client:
         max_message_size: Optional[int] = None,
         name: Optional[str] = None,
         wait: str = "default",
+        max_blocking_calls: Optional[int] = None,
     ) -> None: ...
     @property
     def url(self) -> str: ...
