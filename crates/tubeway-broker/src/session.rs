@@ -69,11 +69,7 @@ impl ReplyTo {
     }
 
     fn response(&self, status: ResponseStatus) -> Message {
-        let mut r = Message::new(MessageType::Response);
-        r.response_status = Some(status);
-        r.correlation_id = Some(self.id);
-        r.request_id.clone_from(&self.request_id);
-        r
+        Message::response_to(self.id, self.request_id.clone(), status)
     }
 
     fn error(&self, e: &BrokerError) -> Message {

@@ -437,10 +437,16 @@ impl Message {
     /// A response to this message: fresh id, `correlation_id` set to this
     /// message's id, `request_id` echoed, no payload.
     pub fn response(&self, status: ResponseStatus) -> Message {
+        Message::response_to(self.id, self.request_id.clone(), status)
+    }
+
+    /// A response with `status` to the request whose `id` and `request_id`
+    /// these are: for an answer made where the request is no longer at hand.
+    pub fn response_to(id: Uuid, request_id: Option<String>, status: ResponseStatus) -> Message {
         let mut r = Message::new(MessageType::Response);
         r.response_status = Some(status);
-        r.correlation_id = Some(self.id);
-        r.request_id.clone_from(&self.request_id);
+        r.correlation_id = Some(id);
+        r.request_id = request_id;
         r
     }
 

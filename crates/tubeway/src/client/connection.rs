@@ -684,9 +684,7 @@ impl Conn {
 
     /// Answers message `to` with `status` and an optional text reason.
     async fn reply(&self, to: Uuid, status: ResponseStatus, reason: &str) {
-        let mut r = Message::new(MessageType::Response);
-        r.response_status = Some(status);
-        r.correlation_id = Some(to);
+        let mut r = Message::response_to(to, None, status);
         if !reason.is_empty() {
             r = r.with_text(reason, MIME_TEXT, "utf-8");
         }
@@ -1293,10 +1291,7 @@ impl Responder {
 
     fn send(&mut self, outcome: std::result::Result<Message, HandlerError>) {
         let Some(conn) = self.conn.take() else { return };
-        let mut reply = Message::new(MessageType::Response);
-        reply.response_status = Some(ResponseStatus::Ok);
-        reply.correlation_id = Some(self.call);
-        reply.request_id = self.request_id.take();
+        let reply = Message::response_to(self.call, self.request_id.take(), ResponseStatus::Ok);
         send_answer(&conn, reply, self.oneway, Ok(outcome));
     }
 }
