@@ -1,5 +1,14 @@
 //! Request/reply functions: handlers inside the broker process, and remote
-//! workers (client connections that serve a function), chosen round-robin.
+//! workers (client connections that serve a function).
+//!
+//! A call goes to the worker that owes the fewest answers, round-robin
+//! among equals: a worker that is slow, or hung, takes new calls only when
+//! the others are as busy, instead of every n-th call waiting on it (what
+//! plain round-robin does). A call that timed out still counts against its
+//! worker until the worker answers it, so a hung worker does not look idle
+//! again once its calls expire. Past [`SCAN_ALL`] workers, two candidates are
+//! compared, not all (the power of two choices): nearly as even a spread,
+//! and a pick that costs the same for any number of workers.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -44,6 +53,17 @@ impl std::fmt::Debug for Handler {
             Handler::Blocking(_) => "Handler::Blocking",
         })
     }
+}
+
+/// Workers up to which a call's pick looks at every one.
+pub(crate) const SCAN_ALL: usize = 8;
+
+/// A well-spread 64-bit hash of `x` (splitmix64's finaliser).
+fn spread(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// How a handler's run ended: what it gave, its error, or its panic.
@@ -290,14 +310,34 @@ impl Function {
         self.local.is_none() && lock(&self.workers).is_empty()
     }
 
-    /// The next worker, round-robin.
+    /// The worker for the next call: of those looked at, the one owing
+    /// the fewest answers, the first in round-robin order among equals.
     pub(crate) fn pick_worker(&self) -> Option<WorkerRef> {
         let ws = lock(&self.workers);
-        if ws.is_empty() {
+        let n = ws.len();
+        if n == 0 {
             return None;
         }
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % ws.len();
-        ws.get(i).cloned()
+        let turn = self.next.fetch_add(1, Ordering::Relaxed);
+        let first = turn % n;
+        let owed = |i: usize| ws.get(i).map_or(usize::MAX, |w| w.session.owed_calls());
+        let best = if n <= SCAN_ALL {
+            (0..n)
+                .map(|k| (first + k) % n)
+                .min_by_key(|&i| owed(i))
+                .unwrap_or(first)
+        } else {
+            // Another worker than the first, spread over all of them by a
+            // hash of the turn.
+            let skip = spread(turn as u64) % (n as u64 - 1);
+            let other = (first + 1 + skip as usize) % n;
+            if owed(other) < owed(first) {
+                other
+            } else {
+                first
+            }
+        };
+        ws.get(best).cloned()
     }
 
     /// Calls the function. `Ok(None)` for a oneway call; otherwise the
@@ -442,5 +482,90 @@ impl Function {
             calls: self.calls.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::tests::session;
+    use crate::{Broker, BrokerConfig};
+
+    /// A remote function of `n` workers, each on a connection of its own,
+    /// and the listeners those need.
+    async fn workers(broker: &Broker, n: u64) -> (Function, Vec<tubeway_transport::Listener>) {
+        let f = Function::remote("f".into());
+        let mut listeners = Vec::new();
+        for id in 0..n {
+            let (s, l) = session(broker, id).await;
+            f.add_worker(WorkerRef {
+                registration: Uuid::new_v4(),
+                session: s,
+            });
+            listeners.push(l);
+        }
+        (f, listeners)
+    }
+
+    fn owe(f: &Function, worker: usize, calls: usize) {
+        let ws = lock(&f.workers);
+        for _ in 0..calls {
+            ws[worker].session.owe_call();
+        }
+    }
+
+    /// How many of `picks` calls went to each worker.
+    fn tally(f: &Function, picks: usize) -> Vec<usize> {
+        let ids: Vec<u64> = lock(&f.workers).iter().map(|w| w.session.id).collect();
+        let mut seen = vec![0; ids.len()];
+        for _ in 0..picks {
+            let w = f.pick_worker().unwrap();
+            let i = ids.iter().position(|id| *id == w.session.id).unwrap();
+            seen[i] += 1;
+        }
+        seen
+    }
+
+    #[tokio::test]
+    async fn equal_workers_take_turns() {
+        let broker = Broker::new(BrokerConfig::default());
+        for n in [1, 3, SCAN_ALL as u64, 20] {
+            let (f, _l) = workers(&broker, n).await;
+            let picks = 10 * n as usize;
+            assert_eq!(tally(&f, picks), vec![10; n as usize], "{n} workers");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_worker_owing_fewest_answers_is_picked() {
+        let broker = Broker::new(BrokerConfig::default());
+        let (f, _l) = workers(&broker, 3).await;
+        owe(&f, 0, 2);
+        owe(&f, 1, 1);
+        assert_eq!(tally(&f, 5), vec![0, 0, 5]);
+        // Equals again take turns.
+        owe(&f, 2, 1);
+        assert_eq!(tally(&f, 4), vec![0, 2, 2]);
+    }
+
+    #[tokio::test]
+    async fn past_scan_all_a_busy_worker_loses_every_comparison() {
+        let broker = Broker::new(BrokerConfig::default());
+        let (f, _l) = workers(&broker, 20).await;
+        owe(&f, 7, 1);
+        let seen = tally(&f, 2000);
+        assert_eq!(seen[7], 0, "{seen:?}");
+        // The rest still all get calls.
+        assert!(
+            seen.iter().enumerate().all(|(i, n)| i == 7 || *n > 0),
+            "{seen:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn no_workers_no_pick() {
+        let broker = Broker::new(BrokerConfig::default());
+        let (f, _l) = workers(&broker, 0).await;
+        assert!(f.pick_worker().is_none());
     }
 }

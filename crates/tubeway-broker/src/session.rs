@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
@@ -98,6 +98,10 @@ pub(crate) struct SessionShared {
     writer: FrameWriter,
     /// Calls forwarded to this connection as a worker (see [`crate::forward`]).
     worker_calls: Mutex<WorkerCalls>,
+    /// Calls forwarded to this connection as a worker that it has not
+    /// answered yet, those that timed out included: the load by which
+    /// the broker picks among a function's workers.
+    owed: AtomicUsize,
     /// Wakes the sweeper of `worker_calls` for a deadline sooner than the
     /// one it sleeps until.
     pub(crate) sweep_sooner: Notify,
@@ -178,6 +182,7 @@ impl SessionShared {
             inner,
             writer,
             worker_calls: Mutex::default(),
+            owed: AtomicUsize::new(0),
             sweep_sooner: Notify::new(),
             runtime: tokio::runtime::Handle::current(),
             gone: CancellationToken::new(),
@@ -425,7 +430,23 @@ impl SessionShared {
         Ok(Some(resp))
     }
 
+    /// Calls this connection owes as a worker (see [`Self::owed`]).
+    pub(crate) fn owed_calls(&self) -> usize {
+        self.owed.load(Ordering::Relaxed)
+    }
+
+    /// One more call owed by this worker connection.
+    pub(crate) fn owe_call(&self) {
+        self.owed.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn worker_answered(&self, resp: Box<Message>) {
+        // Any answer, a late one too, is a call the worker no longer works
+        // on. Saturating: a worker cannot owe less than nothing, however
+        // many answers it makes up.
+        let _ = self
+            .owed
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
         let waiter = resp
             .correlation_id
             .and_then(|c| self.worker_calls().remove(&c));

@@ -26,7 +26,8 @@ crate::transport_tests! {
     pipelined_calls_each_get_their_own_answer,
     async_handlers_run_on_the_connection_until_they_wait,
     remote_worker_serves_calls,
-    two_workers_share_calls_round_robin,
+    two_idle_workers_take_calls_in_turn,
+    calls_go_to_the_worker_that_owes_the_fewest_answers,
     worker_disconnect_fails_the_call_in_flight,
     a_short_remote_timeout_expires_behind_a_long_one,
     a_call_from_inside_the_process_reaches_a_remote_worker,
@@ -547,7 +548,7 @@ async fn remote_worker_serves_calls(h: &Harness) {
     );
 }
 
-async fn two_workers_share_calls_round_robin(h: &Harness) {
+async fn two_idle_workers_take_calls_in_turn(h: &Harness) {
     let w1 = h.client().await;
     let w2 = h.client().await;
     let _s1 = step(w1.serve("who", |_| Ok(Message::plain_text("w1"))))
@@ -573,6 +574,51 @@ async fn two_workers_share_calls_round_robin(h: &Harness) {
         seen.windows(2).all(|w| w[0] != w[1]),
         "calls did not alternate: {seen:?}"
     );
+}
+
+/// A worker that holds a call (slow, or hung) gets no more calls while
+/// another owes fewer answers, even once the held call has timed out; its
+/// late answer makes it a peer of the others again.
+async fn calls_go_to_the_worker_that_owes_the_fewest_answers(h: &Harness) {
+    let (_held_client, _held, mut started, release) = held_worker(h, "busy").await;
+    let fast_client = h.client().await;
+    let _fast = step(fast_client.serve("busy", |_| Ok(Message::plain_text("fast"))))
+        .await
+        .unwrap();
+    let caller = h.client().await;
+    let short = Duration::from_millis(300);
+    let call = || caller.send_timeout("busy", Message::plain_text("x"), short);
+    // Calls until one reaches the held worker, and times out there.
+    let mut held_one = false;
+    for _ in 0..4 {
+        match step(call()).await {
+            Ok(r) => assert_eq!(text(&r), "fast"),
+            Err(e) => {
+                assert_eq!(status(&e), ResponseStatus::Timeout, "{e}");
+                held_one = true;
+                break;
+            }
+        }
+    }
+    assert!(held_one, "no call reached the held worker");
+    step(started.recv()).await.unwrap();
+    // It still owes that answer: every call goes to the other worker.
+    for i in 0..20 {
+        match step(call()).await {
+            Ok(r) => assert_eq!(text(&r), "fast", "call {i}"),
+            Err(e) => panic!("call {i} went to the held worker: {e}"),
+        }
+    }
+    // Its late answer, and it takes calls again.
+    release.add_permits(100);
+    common::eventually("the held worker takes calls once it has answered", || {
+        let caller = caller.clone();
+        async move {
+            matches!(caller.send("busy", Message::plain_text("x")).await,
+                Ok(r) if text(&r) == "done")
+        }
+    })
+    .await;
 }
 
 async fn worker_disconnect_fails_the_call_in_flight(h: &Harness) {
