@@ -113,10 +113,13 @@ impl PyClient {
     /// transport's: on shm poll briefly, then sleep; on sockets sleep at
     /// once), `park`, or `spin-park:DURATION` (poll that long, then sleep).
     /// `max_blocking_calls` is how many calls of this client's `serve`
-    /// handlers may run at once; a call beyond them is answered
-    /// `unavailable`.
+    /// handlers may run at once; the broker is told, and holds further
+    /// calls until one ends. `max_worker_calls` is the most calls the
+    /// broker forwards to this client at once when it serves functions
+    /// (default: `max_blocking_calls` for `serve`, no limit for
+    /// `tubeway.aio`'s handlers).
     #[new]
-    #[pyo3(signature = (url, timeout=30.0, *, connect_timeout=5.0, max_message_size=None, name=None, wait="default", max_blocking_calls=None))]
+    #[pyo3(signature = (url, timeout=30.0, *, connect_timeout=5.0, max_message_size=None, name=None, wait="default", max_blocking_calls=None, max_worker_calls=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -127,6 +130,7 @@ impl PyClient {
         name: Option<String>,
         wait: &str,
         max_blocking_calls: Option<usize>,
+        max_worker_calls: Option<usize>,
     ) -> PyResult<Self> {
         let parsed: tubeway::Url = url.parse().map_err(|e: tubeway_transport::UrlError| {
             pyo3::exceptions::PyValueError::new_err(e.to_string())
@@ -146,6 +150,7 @@ impl PyClient {
         if let Some(max) = max_blocking_calls {
             options.max_blocking_calls = max;
         }
+        options.max_worker_calls = max_worker_calls;
         options.name =
             name.unwrap_or_else(|| format!("tubeway-python/{}", env!("CARGO_PKG_VERSION")));
         let timeout = options.timeout;

@@ -244,7 +244,8 @@ def test_a_worker_refuses_calls_beyond_max_blocking_calls(server: tubeway.Server
         release.wait(10)
         return m.text
 
-    with tubeway.Client(server.url, max_blocking_calls=1) as wc:
+    # Declared to the broker as more than it runs: calls reach it.
+    with tubeway.Client(server.url, max_blocking_calls=1, max_worker_calls=2) as wc:
         with wc.serve("held", held):
             first = client.send_async("held", "a")
             assert started.wait(10)
@@ -253,6 +254,28 @@ def test_a_worker_refuses_calls_beyond_max_blocking_calls(server: tubeway.Server
             release.set()
             assert first.result(10).text == "a"
             assert client.send("held", "c").text == "c"
+
+
+def test_calls_beyond_max_blocking_calls_wait_at_the_broker(server: tubeway.Server, client: tubeway.Client) -> None:
+    started: list[str] = []
+    release = threading.Event()
+
+    def held(m: Message) -> str:
+        started.append(m.text)
+        release.wait(10)
+        return m.text
+
+    with tubeway.Client(server.url, max_blocking_calls=1) as wc:
+        with wc.serve("held", held):
+            first = client.send_async("held", "a")
+            second = client.send_async("held", "b")
+            deadline = time.monotonic() + 10
+            while client.function_status("held")["waiting"] != 1:
+                assert time.monotonic() < deadline, client.function_status("held")
+                time.sleep(0.01)
+            assert len(started) == 1
+            release.set()
+            assert sorted([first.result(10).text, second.result(10).text]) == ["a", "b"]
 
 
 def test_remove_function(server: tubeway.Server, client: tubeway.Client) -> None:

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use futures::FutureExt as _;
+use tokio::sync::Notify;
 use tubeway_proto::ops::FunctionStatus;
 use tubeway_proto::{Message, MessageType, ResponseStatus};
 use uuid::Uuid;
@@ -241,6 +242,41 @@ impl Waiting {
 pub(crate) struct WorkerRef {
     pub registration: Uuid,
     pub session: Arc<SessionShared>,
+    /// The most calls its connection may owe when it is given another
+    /// (`ops::CreateFunction::max_calls`); no limit when `None`.
+    pub max_calls: Option<usize>,
+}
+
+impl WorkerRef {
+    /// The calls its connection owes; `usize::MAX` when it takes no more.
+    fn load(&self) -> usize {
+        let owed = self.session.owed_calls();
+        match self.max_calls {
+            Some(max) if owed >= max => usize::MAX,
+            _ => owed,
+        }
+    }
+}
+
+/// What [`Function::pick_worker`] found for a call.
+#[derive(Debug)]
+pub(crate) enum Pick {
+    /// The worker to forward the call to.
+    Worker(WorkerRef),
+    /// Every worker owes as many calls as it takes, or calls wait for room
+    /// already: the call waits its turn ([`Function::worker_with_room`]).
+    Full,
+    /// No worker serves the function.
+    NoWorkers,
+}
+
+/// Why [`Function::worker_with_room`] found no worker.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Unplaced {
+    /// The deadline passed first.
+    Timeout,
+    /// The last worker left, or the function was removed.
+    NoWorkers,
 }
 
 #[derive(Debug)]
@@ -254,6 +290,11 @@ pub(crate) struct Function {
     /// Set once the function has left the broker's table (removed, or
     /// replaced): a session that kept it to skip the lookup looks again.
     retired: AtomicBool,
+    /// Wakes calls that wait for a worker with room.
+    room: Notify,
+    /// Calls waiting for a worker with room; while any do, new calls queue
+    /// behind them.
+    waiting: AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -270,6 +311,8 @@ impl Function {
             calls: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             retired: AtomicBool::new(false),
+            room: Notify::new(),
+            waiting: AtomicUsize::new(0),
         }
     }
 
@@ -277,6 +320,8 @@ impl Function {
     /// whoever takes it out.
     pub fn retire(&self) {
         self.retired.store(true, Ordering::Release);
+        // Calls waiting for room learn that they never get any.
+        self.room.notify_waiters();
     }
 
     /// Whether the function has left the broker's table.
@@ -296,48 +341,121 @@ impl Function {
 
     pub fn add_worker(&self, w: WorkerRef) {
         lock(&self.workers).push(w);
+        self.room_freed();
     }
 
     /// Removes `conn`'s workers (those registered as `registration`, or all).
     /// Returns how many workers remain.
     pub fn remove_workers(&self, conn: u64, registration: Option<Uuid>) -> usize {
-        let mut ws = lock(&self.workers);
-        ws.retain(|w| !(w.session.id == conn && registration.is_none_or(|r| r == w.registration)));
-        ws.len()
+        let left = {
+            let mut ws = lock(&self.workers);
+            ws.retain(|w| {
+                !(w.session.id == conn && registration.is_none_or(|r| r == w.registration))
+            });
+            ws.len()
+        };
+        if left == 0 {
+            // Calls waiting for room learn that no worker is left.
+            self.room.notify_waiters();
+        }
+        left
+    }
+
+    /// A worker of the function may take a call more: the first call
+    /// waiting for room looks again. (A permit kept when none waits makes
+    /// the next one look once for nothing.)
+    pub(crate) fn room_freed(&self) {
+        self.room.notify_one();
     }
 
     pub fn is_unserved(&self) -> bool {
         self.local.is_none() && lock(&self.workers).is_empty()
     }
 
-    /// The worker for the next call: of those looked at, the one owing
-    /// the fewest answers, the first in round-robin order among equals.
-    pub(crate) fn pick_worker(&self) -> Option<WorkerRef> {
+    /// The worker for a new call: of those looked at, the one owing the
+    /// fewest answers, the first in round-robin order among equals; none
+    /// that owes as many calls as it takes. While calls wait for room, a new
+    /// call waits behind them.
+    pub(crate) fn pick_worker(&self) -> Pick {
+        self.pick(true)
+    }
+
+    /// [`pick_worker`](Self::pick_worker); `in_turn`: behind calls that wait.
+    fn pick(&self, in_turn: bool) -> Pick {
         let ws = lock(&self.workers);
         let n = ws.len();
         if n == 0 {
-            return None;
+            return Pick::NoWorkers;
+        }
+        if in_turn && self.waiting.load(Ordering::Acquire) > 0 {
+            return Pick::Full;
         }
         let turn = self.next.fetch_add(1, Ordering::Relaxed);
         let first = turn % n;
-        let owed = |i: usize| ws.get(i).map_or(usize::MAX, |w| w.session.owed_calls());
-        let best = if n <= SCAN_ALL {
+        let load = |i: usize| ws.get(i).map_or(usize::MAX, WorkerRef::load);
+        let least_of_all = || {
             (0..n)
                 .map(|k| (first + k) % n)
-                .min_by_key(|&i| owed(i))
+                .min_by_key(|&i| load(i))
                 .unwrap_or(first)
+        };
+        let best = if n <= SCAN_ALL {
+            least_of_all()
         } else {
             // Another worker than the first, spread over all of them by a
             // hash of the turn.
             let skip = spread(turn as u64) % (n as u64 - 1);
             let other = (first + 1 + skip as usize) % n;
-            if owed(other) < owed(first) {
-                other
-            } else {
-                first
+            match (load(first), load(other)) {
+                // Both full: another may not be.
+                (usize::MAX, usize::MAX) => least_of_all(),
+                (a, b) if b < a => other,
+                _ => first,
             }
         };
-        ws.get(best).cloned()
+        match ws.get(best) {
+            Some(w) if w.load() != usize::MAX => Pick::Worker(w.clone()),
+            _ => Pick::Full,
+        }
+    }
+
+    /// Waits, in turn with other calls that wait, for a worker with room
+    /// for a call, until `deadline` (none: for as long as the caller lets
+    /// this future run).
+    pub(crate) async fn worker_with_room(
+        &self,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<WorkerRef, Unplaced> {
+        struct Waits<'a>(&'a Function);
+        impl Drop for Waits<'_> {
+            fn drop(&mut self) {
+                self.0.waiting.fetch_sub(1, Ordering::AcqRel);
+                // A wake-up this call took and did not use goes on to the next.
+                self.0.room_freed();
+            }
+        }
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let _waits = Waits(self);
+        loop {
+            // Listening before looking: room made after the look wakes it.
+            let freed = self.room.notified();
+            let mut freed = std::pin::pin!(freed);
+            freed.as_mut().enable();
+            if self.is_retired() {
+                return Err(Unplaced::NoWorkers);
+            }
+            match self.pick(false) {
+                Pick::Worker(w) => return Ok(w),
+                Pick::NoWorkers => return Err(Unplaced::NoWorkers),
+                Pick::Full => {}
+            }
+            match deadline {
+                Some(at) => tokio::time::timeout_at(at, freed)
+                    .await
+                    .map_err(|_| Unplaced::Timeout)?,
+                None => freed.await,
+            }
+        }
     }
 
     /// Calls the function. `Ok(None)` for a oneway call; otherwise the
@@ -465,13 +583,24 @@ impl Function {
             let outcome = h.run(req).await;
             return Ok(self.local_answer(caller, outcome));
         }
-        let worker = self.pick_worker().ok_or_else(|| {
-            BrokerError::new(
-                ResponseStatus::FunctionNotFound,
-                format!("function {:?} has no workers", self.name),
-            )
-        })?;
+        let worker = match self.pick_worker() {
+            Pick::Worker(w) => w,
+            // The caller's own timeout bounds the wait.
+            Pick::Full => self
+                .worker_with_room(None)
+                .await
+                .map_err(|_| self.no_workers())?,
+            Pick::NoWorkers => return Err(self.no_workers()),
+        };
         worker.session.forward_call(req, worker.registration).await
+    }
+
+    /// The error of a call to a function no worker serves.
+    pub(crate) fn no_workers(&self) -> BrokerError {
+        BrokerError::new(
+            ResponseStatus::FunctionNotFound,
+            format!("function {:?} has no workers", self.name),
+        )
     }
 
     pub fn status(&self) -> FunctionStatus {
@@ -481,6 +610,7 @@ impl Function {
             workers: lock(&self.workers).len() as u64,
             calls: self.calls.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
+            waiting: self.waiting.load(Ordering::Relaxed) as u64,
         }
     }
 }
@@ -493,18 +623,38 @@ mod tests {
 
     /// A remote function of `n` workers, each on a connection of its own,
     /// and the listeners those need.
-    async fn workers(broker: &Broker, n: u64) -> (Function, Vec<tubeway_transport::Listener>) {
-        let f = Function::remote("f".into());
+    async fn workers(broker: &Broker, n: u64) -> (Arc<Function>, Vec<tubeway_transport::Listener>) {
+        limited_workers(broker, &vec![None; n as usize]).await
+    }
+
+    /// [`workers`], each with the limit on its calls that `max_calls` gives.
+    async fn limited_workers(
+        broker: &Broker,
+        max_calls: &[Option<usize>],
+    ) -> (Arc<Function>, Vec<tubeway_transport::Listener>) {
+        let f = Arc::new(Function::remote("f".into()));
         let mut listeners = Vec::new();
-        for id in 0..n {
-            let (s, l) = session(broker, id).await;
+        for (id, max_calls) in max_calls.iter().enumerate() {
+            let (s, l) = session(broker, id as u64).await;
+            if max_calls.is_some() {
+                s.limited_by(&f);
+            }
             f.add_worker(WorkerRef {
                 registration: Uuid::new_v4(),
                 session: s,
+                max_calls: *max_calls,
             });
             listeners.push(l);
         }
         (f, listeners)
+    }
+
+    fn picked(f: &Function) -> Option<u64> {
+        match f.pick_worker() {
+            Pick::Worker(w) => Some(w.session.id),
+            Pick::Full => None,
+            Pick::NoWorkers => panic!("no workers"),
+        }
     }
 
     fn owe(f: &Function, worker: usize, calls: usize) {
@@ -519,8 +669,8 @@ mod tests {
         let ids: Vec<u64> = lock(&f.workers).iter().map(|w| w.session.id).collect();
         let mut seen = vec![0; ids.len()];
         for _ in 0..picks {
-            let w = f.pick_worker().unwrap();
-            let i = ids.iter().position(|id| *id == w.session.id).unwrap();
+            let id = picked(f).expect("a worker with room");
+            let i = ids.iter().position(|i| *i == id).unwrap();
             seen[i] += 1;
         }
         seen
@@ -566,6 +716,63 @@ mod tests {
     async fn no_workers_no_pick() {
         let broker = Broker::new(BrokerConfig::default());
         let (f, _l) = workers(&broker, 0).await;
-        assert!(f.pick_worker().is_none());
+        assert!(matches!(f.pick_worker(), Pick::NoWorkers));
+    }
+
+    #[tokio::test]
+    async fn a_worker_owing_its_max_calls_is_passed_over() {
+        let broker = Broker::new(BrokerConfig::default());
+        let (f, _l) = limited_workers(&broker, &[Some(1), Some(2)]).await;
+        owe(&f, 0, 1);
+        owe(&f, 1, 1);
+        // Worker 0 is full; 1 has room for one more.
+        assert_eq!(tally(&f, 3), vec![0, 3]);
+        owe(&f, 1, 1);
+        assert_eq!(picked(&f), None);
+        // Past SCAN_ALL, two full candidates do not hide one with room.
+        let mut limits = vec![Some(1); 20];
+        limits[13] = None;
+        let (f, _l) = limited_workers(&broker, &limits).await;
+        for i in (0..20).filter(|i| *i != 13) {
+            owe(&f, i, 1);
+        }
+        owe(&f, 13, 5);
+        assert!((0..50).all(|_| picked(&f) == Some(13)));
+    }
+
+    #[tokio::test]
+    async fn a_call_waits_for_room_and_in_turn() {
+        let broker = Broker::new(BrokerConfig::default());
+        let (f, _l) = limited_workers(&broker, &[Some(1)]).await;
+        owe(&f, 0, 1);
+        let short = tokio::time::Instant::now() + std::time::Duration::from_millis(50);
+        assert_eq!(
+            f.worker_with_room(Some(short)).await.unwrap_err(),
+            Unplaced::Timeout
+        );
+        let waiter = tokio::spawn({
+            let f = f.clone();
+            async move { f.worker_with_room(None).await.map(|w| w.session.id) }
+        });
+        while f.waiting.load(Ordering::Acquire) == 0 {
+            tokio::task::yield_now().await;
+        }
+        // A new call queues behind the waiting one, room or not.
+        assert_eq!(picked(&f), None);
+        let ws = lock(&f.workers).clone();
+        ws[0].session.call_paid();
+        assert_eq!(waiter.await.unwrap(), Ok(0));
+        assert_eq!(picked(&f), Some(0));
+        // The last worker leaving ends the wait.
+        owe(&f, 0, 1);
+        let waiter = tokio::spawn({
+            let f = f.clone();
+            async move { f.worker_with_room(None).await.map(|w| w.session.id) }
+        });
+        while f.waiting.load(Ordering::Acquire) == 0 {
+            tokio::task::yield_now().await;
+        }
+        f.remove_workers(0, None);
+        assert_eq!(waiter.await.unwrap(), Err(Unplaced::NoWorkers));
     }
 }

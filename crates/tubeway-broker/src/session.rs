@@ -26,9 +26,9 @@ use tubeway_transport::{Connection, FrameReader, FrameWriter, ReadError, SpinGro
 use uuid::Uuid;
 
 use crate::access::{self, Identity};
-use crate::broker::{check_name, queue_error, within, BrokerError, Inner};
+use crate::broker::{check_name, no_answer_within, queue_error, within, BrokerError, Inner};
 use crate::forward::{self, Reply, Route, WorkerCalls};
-use crate::function::{Function, Inline, WorkerRef};
+use crate::function::{Function, Inline, Pick, Unplaced, WorkerRef};
 use crate::queue::QueueError;
 use crate::stats::Counters;
 
@@ -102,6 +102,9 @@ pub(crate) struct SessionShared {
     /// answered yet, those that timed out included: the load by which
     /// the broker picks among a function's workers.
     owed: AtomicUsize,
+    /// The functions this connection serves with a limit on its calls:
+    /// each answer it gives may let a call waiting for room go on.
+    limited: Mutex<Vec<std::sync::Weak<Function>>>,
     /// Wakes the sweeper of `worker_calls` for a deadline sooner than the
     /// one it sleeps until.
     pub(crate) sweep_sooner: Notify,
@@ -183,6 +186,7 @@ impl SessionShared {
             writer,
             worker_calls: Mutex::default(),
             owed: AtomicUsize::new(0),
+            limited: Mutex::default(),
             sweep_sooner: Notify::new(),
             runtime: tokio::runtime::Handle::current(),
             gone: CancellationToken::new(),
@@ -430,6 +434,68 @@ impl SessionShared {
         Ok(Some(resp))
     }
 
+    /// Forwards a client's call to `worker` (see [`Session::forward`]);
+    /// true when a task was spawned to finish the write.
+    fn forward_to(self: &Arc<Self>, worker: WorkerRef, call: Forward) -> bool {
+        let Forward {
+            f,
+            to,
+            m,
+            permit,
+            expires,
+        } = call;
+        let mut fwd = *m;
+        fwd.id = Uuid::new_v4();
+        fwd.correlation_id = Some(worker.registration);
+        let fwd_id = fwd.id;
+        let w = worker.session;
+        // A call with an answer gives its reply address and its slot to its
+        // route; a oneway one keeps them, the slot while its request waits
+        // for room.
+        let oneway = if to.oneway {
+            Some((to, permit))
+        } else {
+            let route = Route {
+                caller: self.clone(),
+                to,
+                function: f.clone(),
+                expires,
+                _permit: permit,
+            };
+            w.await_worker(fwd_id, Reply::Route(route));
+            None
+        };
+        // A call with an answer is counted when that comes; a oneway one
+        // once it is sent. Calls pipelined by their caller reach the worker
+        // together, as their answers go back.
+        match w.send_now(&fwd, self.pipelined()) {
+            SendNow::Sent if oneway.is_some() => f.count(false),
+            SendNow::Sent => {}
+            SendNow::Full(frame) => {
+                let caller = self.clone();
+                self.inner.tracker.spawn(async move {
+                    let sent = w.send_frame(frame, false).await;
+                    let to = oneway.as_ref().map(|(to, _)| to);
+                    if to.is_some() {
+                        f.count(!sent);
+                    }
+                    if !sent {
+                        forwarding_failed(&w, fwd_id, &caller, to);
+                    }
+                });
+                return true;
+            }
+            SendNow::Gone => {
+                let to = oneway.as_ref().map(|(to, _)| to);
+                if to.is_some() {
+                    f.count(true);
+                }
+                forwarding_failed(&w, fwd_id, self, to);
+            }
+        }
+        false
+    }
+
     /// Calls this connection owes as a worker (see [`Self::owed`]).
     pub(crate) fn owed_calls(&self) -> usize {
         self.owed.load(Ordering::Relaxed)
@@ -440,13 +506,34 @@ impl SessionShared {
         self.owed.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn worker_answered(&self, resp: Box<Message>) {
-        // Any answer, a late one too, is a call the worker no longer works
-        // on. Saturating: a worker cannot owe less than nothing, however
-        // many answers it makes up.
+    /// One call fewer owed by this worker connection: a call waiting for
+    /// room at a function it serves with a limit may now go on.
+    pub(crate) fn call_paid(&self) {
+        // Saturating: a worker cannot owe less than nothing, however many
+        // answers it makes up.
         let _ = self
             .owed
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        for f in lock(&self.limited)
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+        {
+            f.room_freed();
+        }
+    }
+
+    /// Notes that this connection serves `f` with a limit on its calls.
+    pub(crate) fn limited_by(&self, f: &Arc<Function>) {
+        let mut fs = lock(&self.limited);
+        fs.retain(|w| w.strong_count() > 0);
+        if !fs.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(f))) {
+            fs.push(Arc::downgrade(f));
+        }
+    }
+
+    fn worker_answered(&self, resp: Box<Message>) {
+        // Any answer, a late one too, is a call the worker no longer works on.
+        self.call_paid();
         let waiter = resp
             .correlation_id
             .and_then(|c| self.worker_calls().remove(&c));
@@ -922,7 +1009,7 @@ impl Session {
             MessageType::TopicStatus => Ok(to.json(&inner.topic(dest()?)?.status())),
             MessageType::ListTopics => Ok(to.json(&inner.list_topics())),
             MessageType::CreateFunction => {
-                self.register_worker(dest()?, m.id)?;
+                self.register_worker(&m)?;
                 Ok(to.response(ResponseStatus::Ok))
             }
             MessageType::RemoveFunction => {
@@ -1087,66 +1174,58 @@ impl Session {
         let Some(permit) = self.slot().await else {
             return;
         };
-        let Some(worker) = f.pick_worker() else {
-            f.count(true);
-            let e = BrokerError::new(
-                ResponseStatus::FunctionNotFound,
-                format!("function {:?} has no workers", f.name),
-            );
-            self.shared.answer(&to, Err(e)).await;
-            return;
-        };
         let expires = m
             .timeout
             .filter(|t| !t.is_zero())
             .and_then(|t| Instant::now().checked_add(t).map(|at| (at, t)));
-        let mut fwd = *m;
-        fwd.id = Uuid::new_v4();
-        fwd.correlation_id = Some(worker.registration);
-        let fwd_id = fwd.id;
-        let w = worker.session;
-        // A call with an answer gives its reply address and its slot to its
-        // route; a oneway one keeps them, the slot while its request waits
-        // for room.
-        let oneway = if to.oneway {
-            Some((to, permit))
-        } else {
-            let route = Route {
-                caller: self.shared.clone(),
-                to,
-                function: f.clone(),
-                expires,
-                _permit: permit,
-            };
-            w.await_worker(fwd_id, Reply::Route(route));
-            None
+        let call = Forward {
+            f,
+            to,
+            m,
+            permit,
+            expires,
         };
-        // A call with an answer is counted when that comes; a oneway one
-        // once it is sent. Calls pipelined by their caller reach the worker
-        // together, as their answers go back.
-        match w.send_now(&fwd, self.shared.pipelined()) {
-            SendNow::Sent if oneway.is_some() => f.count(false),
-            SendNow::Sent => {}
-            SendNow::Full(frame) => {
-                let caller = self.shared.clone();
-                self.spawned = true;
-                self.inner.tracker.spawn(async move {
-                    let sent = w.send_frame(frame, false).await;
-                    let to = oneway.as_ref().map(|(to, _)| to);
-                    if to.is_some() {
-                        f.count(!sent);
-                    }
-                    if !sent {
-                        forwarding_failed(&w, fwd_id, &caller, to);
-                    }
-                });
-            }
-            SendNow::Gone => {
-                let to = oneway.as_ref().map(|(to, _)| to);
-                if to.is_some() {
-                    f.count(true);
+        match call.f.pick_worker() {
+            Pick::Worker(worker) => {
+                if self.shared.forward_to(worker, call) {
+                    self.spawned = true;
                 }
-                forwarding_failed(&w, fwd_id, &self.shared, to);
+            }
+            Pick::NoWorkers => {
+                call.f.count(true);
+                let e = call.f.no_workers();
+                self.shared.answer(&call.to, Err(e)).await;
+            }
+            Pick::Full => {
+                // Rare, and long: a task waits for room, holding the slot.
+                self.spawned = true;
+                let shared = self.shared.clone();
+                self.inner.tracker.spawn(async move {
+                    let deadline = call.expires.map(|(at, _)| at);
+                    // A oneway call is delivered even if its caller leaves.
+                    let placed = tokio::select! {
+                        () = shared.gone.cancelled(), if !call.to.oneway => return,
+                        placed = call.f.worker_with_room(deadline) => placed,
+                    };
+                    let e = match placed {
+                        Ok(worker) => {
+                            let mut call = call;
+                            if let Some((at, _)) = call.expires {
+                                // The worker has what is left of the timeout.
+                                let left = at.saturating_duration_since(Instant::now());
+                                call.m.timeout = Some(left.max(Duration::from_millis(1)));
+                            }
+                            shared.forward_to(worker, call);
+                            return;
+                        }
+                        Err(Unplaced::Timeout) => {
+                            no_answer_within(call.expires.map_or(Duration::ZERO, |(_, t)| t))
+                        }
+                        Err(Unplaced::NoWorkers) => call.f.no_workers(),
+                    };
+                    call.f.count(true);
+                    shared.answer(&call.to, Err(e)).await;
+                });
             }
         }
     }
@@ -1351,7 +1430,18 @@ impl Session {
         });
     }
 
-    fn register_worker(&mut self, name: &str, registration: Uuid) -> Result<(), BrokerError> {
+    fn register_worker(&mut self, m: &Message) -> Result<(), BrokerError> {
+        let name = check_name(m.destination.as_deref())?;
+        let max_calls = if m.payload_kind() == PayloadKind::Data {
+            match body::<ops::CreateFunction>(m)?.max_calls {
+                Some(0) => return Err(BrokerError::bad_request("max_calls must be at least 1")),
+                Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+                None => None,
+            }
+        } else {
+            None
+        };
+        let registration = m.id;
         let mut fs = self
             .inner
             .functions
@@ -1366,9 +1456,13 @@ impl Session {
                 format!("function {name:?} is served inside the broker"),
             ));
         }
+        if max_calls.is_some() {
+            self.shared.limited_by(f);
+        }
         f.add_worker(WorkerRef {
             registration,
             session: self.shared.clone(),
+            max_calls,
         });
         self.owned.workers.push((name.to_owned(), registration));
         Ok(())
@@ -1419,6 +1513,17 @@ impl Session {
         // Callers waiting on this worker get "worker disconnected".
         self.shared.fail_worker_calls();
     }
+}
+
+/// A client's call on its way to a worker.
+struct Forward {
+    f: Arc<Function>,
+    to: ReplyTo,
+    m: Box<Message>,
+    /// The caller's in-flight slot, held until the call is answered.
+    permit: OwnedSemaphorePermit,
+    /// When the call times out, and its timeout.
+    expires: Option<(Instant, Duration)>,
 }
 
 /// A call whose request could not reach worker `w` fails: a oneway one

@@ -103,12 +103,16 @@ fn summary(s: &Stats) -> String {
                     f.workers.to_string(),
                     f.calls.to_string(),
                     f.errors.to_string(),
+                    f.waiting.to_string(),
                 ]
             })
             .collect();
         push_indented(
             &mut text,
-            &table(&["NAME", "LOCAL", "WORKERS", "CALLS", "ERRORS"], &rows),
+            &table(
+                &["NAME", "LOCAL", "WORKERS", "CALLS", "ERRORS", "WAITING"],
+                &rows,
+            ),
         );
     }
     text.pop();

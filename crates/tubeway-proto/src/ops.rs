@@ -150,6 +150,17 @@ pub struct TopicStatus {
     pub dropped: u64,
 }
 
+/// Payload of `create_function` from a worker (optional).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateFunction {
+    /// The most calls the broker forwards to the worker's connection at
+    /// once (counting those it has not answered yet, timed out or not);
+    /// further calls wait at the broker for room, or for another worker.
+    /// No limit when absent.
+    #[serde(default)]
+    pub max_calls: Option<u64>,
+}
+
 /// Status of a function: `function_status`, elements of `list_functions`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FunctionStatus {
@@ -163,6 +174,9 @@ pub struct FunctionStatus {
     pub calls: u64,
     /// Calls answered with an error status.
     pub errors: u64,
+    /// Calls waiting at the broker for a worker with room for them.
+    #[serde(default)]
+    pub waiting: u64,
 }
 
 /// Per-queue counters, beside its status.

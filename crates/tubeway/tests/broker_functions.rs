@@ -48,6 +48,9 @@ crate::transport_tests! {
     blocking_worker_sends_large_answers_while_its_thread_waits,
     deferred_answers_are_sent_from_the_thread_that_gives_them,
     a_worker_refuses_calls_beyond_its_blocking_limit,
+    a_synchronous_worker_gets_no_more_calls_than_it_runs,
+    calls_wait_at_the_broker_for_a_worker_with_room,
+    a_worker_limit_must_be_a_count_of_calls,
     blocking_oneway_calls_are_flushed_when_the_client_drops,
 }
 
@@ -1322,26 +1325,19 @@ async fn deferred_answers_are_sent_from_the_thread_that_gives_them(h: &Harness) 
 /// handlers at once and answers a call beyond them `unavailable` at once,
 /// so calls to a handler that hangs cannot pile up without bound.
 async fn a_worker_refuses_calls_beyond_its_blocking_limit(h: &Harness) {
+    // Declared to the broker as more than it runs: calls reach it.
     let options = tubeway::ClientOptions {
         max_blocking_calls: 2,
+        max_worker_calls: Some(10),
         ..h.client_options()
     };
-    let worker_client = within(
-        common::STEP,
-        tubeway::AsyncClient::connect_with(&h.url, options),
-    )
-    .await
-    .unwrap();
+    let worker_client = h.client_with(options).await;
     let (started_tx, mut started) = mpsc::unbounded_channel();
-    let release = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let release = Arc::new(Gate::default());
     let held = release.clone();
     let _w = step(worker_client.serve("held", move |m: Message| {
         let _ = started_tx.send(());
-        let (lock, cvar) = &*held;
-        let released = lock.lock().unwrap();
-        let _ = cvar
-            .wait_timeout_while(released, common::TEST_TIMEOUT, |r| !*r)
-            .unwrap();
+        held.pass();
         Ok(m)
     }))
     .await
@@ -1362,9 +1358,7 @@ async fn a_worker_refuses_calls_beyond_its_blocking_limit(h: &Harness) {
         step(c.send("held", Message::plain_text("c"))).await,
         ResponseStatus::Unavailable,
     );
-    let (lock, cvar) = &*release;
-    *lock.lock().unwrap() = true;
-    cvar.notify_all();
+    release.open(3);
     let (a, b) = step(running).await.unwrap();
     assert_eq!(
         (text(&a.unwrap()), text(&b.unwrap())),
@@ -1373,6 +1367,205 @@ async fn a_worker_refuses_calls_beyond_its_blocking_limit(h: &Harness) {
     // Places free again as handlers end.
     let r = step(c.send("held", Message::plain_text("d"))).await;
     assert_eq!(text(&r.unwrap()), "d");
+}
+
+/// Lets blocked threads through, as many as it is opened for.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<usize>,
+    changed: std::sync::Condvar,
+}
+
+impl Gate {
+    /// Blocks until the gate lets this thread through (at most the test's
+    /// time limit).
+    fn pass(&self) {
+        let open = self.open.lock().unwrap();
+        let (mut open, _) = self
+            .changed
+            .wait_timeout_while(open, common::TEST_TIMEOUT, |n| *n == 0)
+            .unwrap();
+        *open = open.saturating_sub(1);
+    }
+
+    fn open(&self, n: usize) {
+        *self.open.lock().unwrap() += n;
+        self.changed.notify_all();
+    }
+}
+
+/// A connection that serves with synchronous handlers tells the broker how
+/// many calls it runs at once: further calls wait at the broker, not
+/// answered `unavailable`, and go on as running calls end.
+async fn a_synchronous_worker_gets_no_more_calls_than_it_runs(h: &Harness) {
+    let options = tubeway::ClientOptions {
+        max_blocking_calls: 2,
+        ..h.client_options()
+    };
+    let worker_client = h.client_with(options).await;
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let release = Arc::new(Gate::default());
+    let held = release.clone();
+    let _w = step(worker_client.serve("limited", move |m: Message| {
+        let _ = started_tx.send(());
+        held.pass();
+        Ok(m)
+    }))
+    .await
+    .unwrap();
+    let caller = h.client().await;
+    let calls: Vec<_> = ["a", "b", "c", "d"]
+        .into_iter()
+        .map(|t| {
+            let caller = caller.clone();
+            tokio::spawn(async move { caller.send("limited", Message::plain_text(t)).await })
+        })
+        .collect();
+    for _ in 0..2 {
+        step(started.recv()).await.unwrap();
+    }
+    // The other two wait at the broker.
+    calls_waiting(&caller, "limited", 2).await;
+    assert!(started.try_recv().is_err(), "a third call was forwarded");
+    release.open(1);
+    step(started.recv()).await.unwrap();
+    calls_waiting(&caller, "limited", 1).await;
+    assert!(started.try_recv().is_err(), "a fourth call was forwarded");
+    release.open(3);
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(text(&within(common::STEP, call).await.unwrap().unwrap()));
+    }
+    assert_eq!(answers, ["a", "b", "c", "d"]);
+}
+
+/// Waits until `n` calls of `function` wait at the broker for room.
+async fn calls_waiting(caller: &tubeway::AsyncClient, function: &str, n: u64) {
+    common::eventually(&format!("{n} calls of {function} waiting"), || {
+        let caller = caller.clone();
+        let function = function.to_owned();
+        async move { matches!(caller.function_status(&function).await, Ok(s) if s.waiting == n) }
+    })
+    .await;
+}
+
+/// A call that finds every worker at its limit waits at the broker until
+/// one has room, another worker comes, its timeout passes, or no worker is
+/// left.
+async fn calls_wait_at_the_broker_for_a_worker_with_room(h: &Harness) {
+    let options = tubeway::ClientOptions {
+        max_worker_calls: Some(1),
+        ..h.client_options()
+    };
+    let held_client = h.client_with(options).await;
+    let (started_tx, mut started) = mpsc::unbounded_channel::<()>();
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = release.clone();
+    let _w = step(held_client.serve_async("roomy", move |_m: Message| {
+        let (started, held) = (started_tx.clone(), held.clone());
+        async move {
+            started.send(()).unwrap();
+            held.acquire().await.unwrap().forget();
+            Ok(Message::plain_text("held"))
+        }
+    }))
+    .await
+    .unwrap();
+    let caller = h.client().await;
+    let first = {
+        let caller = caller.clone();
+        tokio::spawn(async move { caller.send("roomy", Message::plain_text("1")).await })
+    };
+    step(started.recv()).await.unwrap();
+    // The worker owes one call: the next waits, and times out at the broker.
+    let t0 = Instant::now();
+    let r = step(caller.send_timeout(
+        "roomy",
+        Message::plain_text("2"),
+        Duration::from_millis(200),
+    ))
+    .await;
+    assert_status(r, ResponseStatus::Timeout);
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert!(
+        started.try_recv().is_err(),
+        "the waiting call reached the worker"
+    );
+    // A waiting call goes to a worker that comes meanwhile.
+    let waiting = {
+        let caller = caller.clone();
+        tokio::spawn(async move { caller.send("roomy", Message::plain_text("3")).await })
+    };
+    calls_waiting(&caller, "roomy", 1).await;
+    let other = h.client().await;
+    let _o = step(other.serve("roomy", |_| Ok(Message::plain_text("other"))))
+        .await
+        .unwrap();
+    let r = within(common::STEP, waiting).await.unwrap().unwrap();
+    assert_eq!(text(&r), "other");
+    drop(_o);
+    step(other.close()).await;
+    // Room made by an answer lets a waiting call go on.
+    common::eventually("the second worker is gone", || {
+        let caller = caller.clone();
+        async move { matches!(caller.function_status("roomy").await, Ok(s) if s.workers == 1) }
+    })
+    .await;
+    let waiting = {
+        let caller = caller.clone();
+        tokio::spawn(async move { caller.send("roomy", Message::plain_text("4")).await })
+    };
+    calls_waiting(&caller, "roomy", 1).await;
+    release.add_permits(2);
+    assert_eq!(
+        text(&within(common::STEP, first).await.unwrap().unwrap()),
+        "held"
+    );
+    assert_eq!(
+        text(&within(common::STEP, waiting).await.unwrap().unwrap()),
+        "held"
+    );
+    // A call waiting when the last worker leaves fails at once.
+    let again = {
+        let caller = caller.clone();
+        tokio::spawn(async move { caller.send("roomy", Message::plain_text("5")).await })
+    };
+    step(started.recv()).await.unwrap();
+    step(started.recv()).await.unwrap();
+    let waiting = {
+        let caller = caller.clone();
+        tokio::spawn(async move { caller.send("roomy", Message::plain_text("6")).await })
+    };
+    calls_waiting(&caller, "roomy", 1).await;
+    held_client.close().await;
+    let e = within(common::STEP, waiting).await.unwrap().unwrap_err();
+    assert_eq!(status(&e), ResponseStatus::FunctionNotFound, "{e}");
+    let e = within(common::STEP, again).await.unwrap().unwrap_err();
+    assert_eq!(status(&e), ResponseStatus::ServerError, "{e}");
+}
+
+/// `create_function`'s limit on a worker's calls is checked.
+async fn a_worker_limit_must_be_a_count_of_calls(h: &Harness) {
+    let c = h.client().await;
+    for body in [
+        &br#"{"max_calls": 0}"#[..],
+        br#"{"max_calls": "many"}"#,
+        b"[1",
+    ] {
+        let mut m =
+            Message::binary(body.to_vec(), Some("application/json")).with_destination("limits");
+        m.r#type = tubeway::MessageType::CreateFunction;
+        let r = step(c.request(m)).await.unwrap();
+        assert_eq!(
+            r.response_status,
+            Some(ResponseStatus::BadRequest),
+            "{body:?}"
+        );
+    }
+    assert_status(
+        step(c.function_status("limits")).await,
+        ResponseStatus::FunctionNotFound,
+    );
 }
 
 /// Oneway calls are queued, not sent, when `send_oneway` returns; dropping

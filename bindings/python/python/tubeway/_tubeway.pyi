@@ -211,7 +211,12 @@ class Client:
     briefly, then sleep; on sockets sleep at once), ``"park"`` or
     ``"spin-park:DURATION"`` (poll that long, then sleep).
     ``max_blocking_calls`` (default 512) is how many calls of ``serve``
-    handlers run at once; a call beyond them is answered ``unavailable``.
+    handlers run at once; the broker is told, and holds further calls until
+    one ends. ``max_worker_calls`` is the most calls the broker forwards to
+    this client at once when it serves functions (default:
+    ``max_blocking_calls`` for ``serve``, no limit for ``tubeway.aio``'s
+    handlers); calls beyond wait at the broker for room here or at another
+    worker, until their timeout.
     """
 
     def __init__(
@@ -224,6 +229,7 @@ class Client:
         name: Optional[str] = None,
         wait: str = "default",
         max_blocking_calls: Optional[int] = None,
+        max_worker_calls: Optional[int] = None,
     ) -> None: ...
     @property
     def url(self) -> str: ...

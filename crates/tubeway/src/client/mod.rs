@@ -54,11 +54,21 @@ pub struct ClientOptions {
     pub wait: Option<WaitStrategy>,
     /// How many calls of this connection's synchronous handlers
     /// ([`AsyncClient::serve`]) may run at once (512, as many as tokio's
-    /// blocking pool runs by default). A call beyond them is answered
-    /// `unavailable` at once: queued instead, calls to a handler that hangs
-    /// would pile up without bound, since each caller's call times out and
-    /// it calls again.
+    /// blocking pool runs by default). The connection tells the broker so
+    /// when it serves a function with such a handler (unless
+    /// [`max_worker_calls`](Self::max_worker_calls) says otherwise), and the
+    /// broker holds further calls until one ends. A call beyond them that
+    /// reaches the connection all the same is answered `unavailable` at
+    /// once: queued instead, calls to a handler that hangs would pile up
+    /// without bound, since each caller's call times out and it calls again.
     pub max_blocking_calls: usize,
+    /// The most calls the broker forwards to this connection at once when
+    /// it serves functions (counting calls it has not answered, timed out
+    /// or not), declared with every function it serves; further calls wait
+    /// at the broker for room here or at another worker, until their
+    /// timeout. `None` (the default): no limit for async handlers, and
+    /// [`max_blocking_calls`](Self::max_blocking_calls) for synchronous ones.
+    pub max_worker_calls: Option<usize>,
 }
 
 /// The default of [`ClientOptions::max_blocking_calls`].
@@ -73,6 +83,7 @@ impl Default for ClientOptions {
             name: ops::Hello::default().client,
             wait: None,
             max_blocking_calls: DEFAULT_MAX_BLOCKING_CALLS,
+            max_worker_calls: None,
         }
     }
 }
@@ -493,7 +504,21 @@ impl AsyncClient {
         function: &str,
         dispatch: connection::Dispatch,
     ) -> Result<Worker> {
-        let msg = Message::new(MessageType::CreateFunction).with_destination(function);
+        let options = &self.inner.options;
+        let max_calls = match (options.max_worker_calls, &dispatch) {
+            (Some(n), _) => Some(n),
+            (None, connection::Dispatch::Blocking(_)) => Some(options.max_blocking_calls),
+            (None, _) => None,
+        };
+        let msg = match max_calls {
+            None => op(MessageType::CreateFunction, function),
+            Some(n) => {
+                let body = ops::CreateFunction {
+                    max_calls: Some(u64::try_from(n.max(1)).unwrap_or(u64::MAX)),
+                };
+                json_op(MessageType::CreateFunction, Some(function), &body)?
+            }
+        };
         let id = msg.id;
         // Routed before sending: the first call may follow the `ok` immediately.
         self.conn().add_worker(id, dispatch)?;

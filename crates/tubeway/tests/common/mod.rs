@@ -107,12 +107,15 @@ impl Harness {
 
     /// A new connection to the broker.
     pub async fn client(&self) -> AsyncClient {
-        within(
-            STEP,
-            AsyncClient::connect_with(&self.url, self.client_options()),
-        )
-        .await
-        .expect("the client connects")
+        self.client_with(self.client_options()).await
+    }
+
+    /// A new connection to the broker with `options` (built from
+    /// [`client_options`](Self::client_options)).
+    pub async fn client_with(&self, options: tubeway::ClientOptions) -> AsyncClient {
+        within(STEP, AsyncClient::connect_with(&self.url, options))
+            .await
+            .expect("the client connects")
     }
 
     /// The options of a client of this test's transport.
