@@ -185,8 +185,9 @@ impl Route {
 impl SessionShared {
     /// Remembers a forwarded call to this worker connection, starting the
     /// sweeper of its deadlines if it does not run yet.
+    /// The call counts against the worker from when it was picked
+    /// ([`crate::function::Function::pick_worker`]).
     pub(crate) fn await_worker(self: &Arc<Self>, id: Uuid, reply: Reply) {
-        self.owe_call();
         let (sooner, start) = {
             let mut calls = self.worker_calls();
             let sooner = calls.insert(id, reply);

@@ -375,13 +375,15 @@ impl Function {
     /// The worker for a new call: of those looked at, the one owing the
     /// fewest answers, the first in round-robin order among equals; none
     /// that owes as many calls as it takes. While calls wait for room, a new
-    /// call waits behind them.
-    pub(crate) fn pick_worker(&self) -> Pick {
-        self.pick(true)
+    /// call waits behind them. A call to be `answered` counts against the
+    /// worker from here: picks for other functions of its connection, made
+    /// meanwhile, see it.
+    pub(crate) fn pick_worker(&self, answered: bool) -> Pick {
+        self.pick(true, answered)
     }
 
     /// [`pick_worker`](Self::pick_worker); `in_turn`: behind calls that wait.
-    fn pick(&self, in_turn: bool) -> Pick {
+    fn pick(&self, in_turn: bool, answered: bool) -> Pick {
         let ws = lock(&self.workers);
         let n = ws.len();
         if n == 0 {
@@ -390,6 +392,23 @@ impl Function {
         if in_turn && self.waiting.load(Ordering::Acquire) > 0 {
             return Pick::Full;
         }
+        // Another function's pick may take the room between the look and
+        // the count (this function's hold the lock): look again.
+        for _ in 0..=n {
+            match self.pick_from(&ws) {
+                Some(w) if !answered || w.session.owe_call(w.max_calls) => {
+                    return Pick::Worker(w.clone());
+                }
+                Some(_) => {}
+                None => return Pick::Full,
+            }
+        }
+        Pick::Full
+    }
+
+    /// The worker with room that `ws` offers a call, if any.
+    fn pick_from<'w>(&self, ws: &'w [WorkerRef]) -> Option<&'w WorkerRef> {
+        let n = ws.len();
         let turn = self.next.fetch_add(1, Ordering::Relaxed);
         let first = turn % n;
         let load = |i: usize| ws.get(i).map_or(usize::MAX, WorkerRef::load);
@@ -413,10 +432,7 @@ impl Function {
                 _ => first,
             }
         };
-        match ws.get(best) {
-            Some(w) if w.load() != usize::MAX => Pick::Worker(w.clone()),
-            _ => Pick::Full,
-        }
+        ws.get(best).filter(|w| w.load() != usize::MAX)
     }
 
     /// Waits, in turn with other calls that wait, for a worker with room
@@ -425,6 +441,7 @@ impl Function {
     pub(crate) async fn worker_with_room(
         &self,
         deadline: Option<tokio::time::Instant>,
+        answered: bool,
     ) -> Result<WorkerRef, Unplaced> {
         struct Waits<'a>(&'a Function);
         impl Drop for Waits<'_> {
@@ -444,7 +461,7 @@ impl Function {
             if self.is_retired() {
                 return Err(Unplaced::NoWorkers);
             }
-            match self.pick(false) {
+            match self.pick(false, answered) {
                 Pick::Worker(w) => return Ok(w),
                 Pick::NoWorkers => return Err(Unplaced::NoWorkers),
                 Pick::Full => {}
@@ -583,11 +600,12 @@ impl Function {
             let outcome = h.run(req).await;
             return Ok(self.local_answer(caller, outcome));
         }
-        let worker = match self.pick_worker() {
+        let answered = !req.oneway;
+        let worker = match self.pick_worker(answered) {
             Pick::Worker(w) => w,
             // The caller's own timeout bounds the wait.
             Pick::Full => self
-                .worker_with_room(None)
+                .worker_with_room(None, answered)
                 .await
                 .map_err(|_| self.no_workers())?,
             Pick::NoWorkers => return Err(self.no_workers()),
@@ -650,7 +668,7 @@ mod tests {
     }
 
     fn picked(f: &Function) -> Option<u64> {
-        match f.pick_worker() {
+        match f.pick_worker(false) {
             Pick::Worker(w) => Some(w.session.id),
             Pick::Full => None,
             Pick::NoWorkers => panic!("no workers"),
@@ -660,7 +678,7 @@ mod tests {
     fn owe(f: &Function, worker: usize, calls: usize) {
         let ws = lock(&f.workers);
         for _ in 0..calls {
-            ws[worker].session.owe_call();
+            assert!(ws[worker].session.owe_call(None));
         }
     }
 
@@ -716,7 +734,7 @@ mod tests {
     async fn no_workers_no_pick() {
         let broker = Broker::new(BrokerConfig::default());
         let (f, _l) = workers(&broker, 0).await;
-        assert!(matches!(f.pick_worker(), Pick::NoWorkers));
+        assert!(matches!(f.pick_worker(true), Pick::NoWorkers));
     }
 
     #[tokio::test]
@@ -741,18 +759,41 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_call_to_be_answered_counts_from_its_pick() {
+        let broker = Broker::new(BrokerConfig::default());
+        let (f, _l) = limited_workers(&broker, &[Some(2), None]).await;
+        let picks: Vec<_> = (0..4)
+            .map(|_| match f.pick_worker(true) {
+                Pick::Worker(w) => w.session.id,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        // Taking turns while they owe as much, until the first is full.
+        assert_eq!(picks, [0, 1, 0, 1]);
+        let owed: Vec<_> = lock(&f.workers)
+            .iter()
+            .map(|w| w.session.owed_calls())
+            .collect();
+        assert_eq!(owed, [2, 2]);
+        assert_eq!(tally(&f, 3), vec![0, 3]);
+        // A oneway call counts against nobody.
+        assert!(matches!(f.pick_worker(false), Pick::Worker(_)));
+        assert_eq!(lock(&f.workers)[1].session.owed_calls(), 2);
+    }
+
+    #[tokio::test]
     async fn a_call_waits_for_room_and_in_turn() {
         let broker = Broker::new(BrokerConfig::default());
         let (f, _l) = limited_workers(&broker, &[Some(1)]).await;
         owe(&f, 0, 1);
         let short = tokio::time::Instant::now() + std::time::Duration::from_millis(50);
         assert_eq!(
-            f.worker_with_room(Some(short)).await.unwrap_err(),
+            f.worker_with_room(Some(short), false).await.unwrap_err(),
             Unplaced::Timeout
         );
         let waiter = tokio::spawn({
             let f = f.clone();
-            async move { f.worker_with_room(None).await.map(|w| w.session.id) }
+            async move { f.worker_with_room(None, false).await.map(|w| w.session.id) }
         });
         while f.waiting.load(Ordering::Acquire) == 0 {
             tokio::task::yield_now().await;
@@ -767,7 +808,7 @@ mod tests {
         owe(&f, 0, 1);
         let waiter = tokio::spawn({
             let f = f.clone();
-            async move { f.worker_with_room(None).await.map(|w| w.session.id) }
+            async move { f.worker_with_room(None, false).await.map(|w| w.session.id) }
         });
         while f.waiting.load(Ordering::Acquire) == 0 {
             tokio::task::yield_now().await;

@@ -501,9 +501,15 @@ impl SessionShared {
         self.owed.load(Ordering::Relaxed)
     }
 
-    /// One more call owed by this worker connection.
-    pub(crate) fn owe_call(&self) {
-        self.owed.fetch_add(1, Ordering::Relaxed);
+    /// One more call owed by this worker connection, unless it owes
+    /// `max` already.
+    pub(crate) fn owe_call(&self, max: Option<usize>) -> bool {
+        let max = max.unwrap_or(usize::MAX);
+        self.owed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok()
     }
 
     /// One call fewer owed by this worker connection: a call waiting for
@@ -1185,7 +1191,7 @@ impl Session {
             permit,
             expires,
         };
-        match call.f.pick_worker() {
+        match call.f.pick_worker(!call.to.oneway) {
             Pick::Worker(worker) => {
                 if self.shared.forward_to(worker, call) {
                     self.spawned = true;
@@ -1205,7 +1211,7 @@ impl Session {
                     // A oneway call is delivered even if its caller leaves.
                     let placed = tokio::select! {
                         () = shared.gone.cancelled(), if !call.to.oneway => return,
-                        placed = call.f.worker_with_room(deadline) => placed,
+                        placed = call.f.worker_with_room(deadline, !call.to.oneway) => placed,
                     };
                     let e = match placed {
                         Ok(worker) => {

@@ -49,6 +49,7 @@ crate::transport_tests! {
     deferred_answers_are_sent_from_the_thread_that_gives_them,
     a_worker_refuses_calls_beyond_its_blocking_limit,
     a_synchronous_worker_gets_no_more_calls_than_it_runs,
+    a_burst_beyond_a_synchronous_workers_threads_is_never_refused,
     calls_wait_at_the_broker_for_a_worker_with_room,
     a_worker_limit_must_be_a_count_of_calls,
     blocking_oneway_calls_are_flushed_when_the_client_drops,
@@ -1437,6 +1438,39 @@ async fn a_synchronous_worker_gets_no_more_calls_than_it_runs(h: &Harness) {
         answers.push(text(&within(common::STEP, call).await.unwrap().unwrap()));
     }
     assert_eq!(answers, ["a", "b", "c", "d"]);
+}
+
+/// Calls far beyond a synchronous worker's threads, at once and for a
+/// while: the broker never forwards one too many, so none is refused.
+async fn a_burst_beyond_a_synchronous_workers_threads_is_never_refused(h: &Harness) {
+    let options = tubeway::ClientOptions {
+        max_blocking_calls: 2,
+        ..h.client_options()
+    };
+    let worker_client = h.client_with(options).await;
+    let _w = step(worker_client.serve("burst", |m: Message| {
+        std::thread::sleep(Duration::from_micros(200));
+        Ok(m)
+    }))
+    .await
+    .unwrap();
+    let caller = h.client().await;
+    let callers: Vec<_> = (0..16)
+        .map(|i| {
+            let caller = caller.clone();
+            tokio::spawn(async move {
+                for j in 0..50 {
+                    let r = caller
+                        .send("burst", Message::plain_text(format!("{i}.{j}")))
+                        .await;
+                    assert_eq!(text(&r.unwrap()), format!("{i}.{j}"));
+                }
+            })
+        })
+        .collect();
+    for c in callers {
+        within(common::STEP, c).await.unwrap();
+    }
 }
 
 /// Waits until `n` calls of `function` wait at the broker for room.

@@ -1203,10 +1203,12 @@ fn serve_now(conn: Arc<Conn>, dispatch: Dispatch, req: Message) {
             };
             let reply = req.response(ResponseStatus::Ok);
             drop(tokio::task::spawn_blocking(move || {
-                let _place = place;
                 let outcome =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(req)))
                         .map_err(|_| HandlerFailure::Panicked);
+                // Free before the answer leaves: the broker may forward the
+                // next call as soon as it has the answer.
+                drop(place);
                 send_answer(&conn, reply, oneway, outcome);
             }));
         }
