@@ -133,6 +133,10 @@ answers each request with an empty `ok` (the cheapest call, as measured by
     #[command(subcommand)]
     Topic(TopicCommand),
 
+    /// Inspect, list and remove functions (workers register themselves).
+    #[command(subcommand)]
+    Function(FunctionCommand),
+
     /// Publish a message to a topic.
     Publish(PublishArgs),
 
@@ -417,6 +421,34 @@ pub enum TopicCommand {
         client: ClientArgs,
     },
     /// List every topic.
+    List {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+/// `tubeway function ...`.
+#[derive(Debug, Subcommand)]
+pub enum FunctionCommand {
+    /// Show a function: where it runs, its workers, its calls and errors,
+    /// and the calls waiting at the broker for a worker with room.
+    Status {
+        /// Function name.
+        #[arg(value_name = "NAME")]
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Remove a function: its handler inside the broker, or every
+    /// worker's registration.
+    Remove {
+        /// Function name.
+        #[arg(value_name = "NAME")]
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List every function.
     List {
         #[command(flatten)]
         client: ClientArgs,

@@ -5,6 +5,7 @@
 mod bench;
 mod call;
 mod cli;
+mod function;
 mod offer;
 mod output;
 mod poll;
@@ -55,6 +56,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Offer(args) => offer::run(args).await,
         Command::Poll(args) => poll::run(args).await,
         Command::Topic(cmd) => topic::run(cmd).await,
+        Command::Function(cmd) => function::run(cmd).await,
         Command::Publish(args) => publish::run(args).await,
         Command::Subscribe(args) => subscribe::run(args).await,
         Command::Stats(args) => stats::run(args).await,

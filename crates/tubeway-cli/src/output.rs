@@ -43,6 +43,31 @@ impl Printer {
         }
     }
 
+    /// Confirms that the `kind` (queue, topic, function) `name` is removed.
+    pub fn removed(&self, kind: &str, name: &str) -> io::Result<()> {
+        self.status(
+            format_args!("removed {kind} {name}"),
+            serde_json::json!({"status": "ok", "removed": kind, "name": name}),
+        )
+    }
+
+    /// Prints a listing of `kind`s (queues, topics, functions): a JSON line
+    /// each, or `table` of them, or that there are none.
+    pub fn list<T: Serialize>(
+        &self,
+        kind: &str,
+        items: &[T],
+        table: impl FnOnce(&[T]) -> String,
+    ) -> io::Result<()> {
+        if self.json {
+            items.iter().try_for_each(|item| self.json_line(item))
+        } else if items.is_empty() {
+            self.line(format_args!("no {kind}"))
+        } else {
+            self.line(table(items))
+        }
+    }
+
     /// Prints `value` as one compact JSON line.
     pub fn json_line<T: Serialize>(&self, value: &T) -> io::Result<()> {
         let text = serde_json::to_string(value).map_err(io::Error::other)?;

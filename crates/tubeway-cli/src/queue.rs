@@ -1,6 +1,5 @@
 //! `tubeway queue create|remove|status|list`.
 
-use serde_json::json;
 use tubeway::ops::{QueueKind, QueueStatus};
 
 use crate::cli::QueueCommand;
@@ -31,10 +30,7 @@ pub async fn run(cmd: QueueCommand) -> anyhow::Result<()> {
         QueueCommand::Remove { name, client } => {
             let out = Printer::new(client.json);
             client.connect().await?.remove_queue(&name).await?;
-            Ok(out.status(
-                format_args!("removed queue {name}"),
-                json!({"status": "ok", "removed": "queue", "name": name}),
-            )?)
+            Ok(out.removed("queue", &name)?)
         }
         QueueCommand::Status { name, client } => {
             let out = Printer::new(client.json);
@@ -44,16 +40,7 @@ pub async fn run(cmd: QueueCommand) -> anyhow::Result<()> {
         QueueCommand::List { client } => {
             let out = Printer::new(client.json);
             let queues = client.connect().await?.list_queues().await?;
-            if out.is_json() {
-                for q in &queues {
-                    out.json_line(q)?;
-                }
-            } else if queues.is_empty() {
-                out.line("no queues")?;
-            } else {
-                out.line(queue_table(&queues))?;
-            }
-            Ok(())
+            Ok(out.list("queues", &queues, queue_table)?)
         }
     }
 }

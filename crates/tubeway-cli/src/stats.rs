@@ -5,6 +5,7 @@ use std::time::Duration;
 use tubeway::ops::Stats;
 
 use crate::cli::StatsArgs;
+use crate::function::function_table;
 use crate::output::{table, Printer};
 use crate::topic::topic_table;
 
@@ -93,27 +94,7 @@ fn summary(s: &Stats) -> String {
     if s.functions.is_empty() {
         text.push_str("  (none)\n");
     } else {
-        let rows: Vec<Vec<String>> = s
-            .functions
-            .iter()
-            .map(|f| {
-                vec![
-                    f.name.clone(),
-                    if f.local { "yes" } else { "no" }.to_owned(),
-                    f.workers.to_string(),
-                    f.calls.to_string(),
-                    f.errors.to_string(),
-                    f.waiting.to_string(),
-                ]
-            })
-            .collect();
-        push_indented(
-            &mut text,
-            &table(
-                &["NAME", "LOCAL", "WORKERS", "CALLS", "ERRORS", "WAITING"],
-                &rows,
-            ),
-        );
+        push_indented(&mut text, &function_table(&s.functions));
     }
     text.pop();
     text

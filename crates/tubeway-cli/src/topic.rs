@@ -1,6 +1,5 @@
 //! `tubeway topic create|remove|list`.
 
-use serde_json::json;
 use tubeway::ops::TopicStatus;
 
 use crate::cli::TopicCommand;
@@ -25,24 +24,12 @@ pub async fn run(cmd: TopicCommand) -> anyhow::Result<()> {
         TopicCommand::Remove { name, client } => {
             let out = Printer::new(client.json);
             client.connect().await?.remove_topic(&name).await?;
-            Ok(out.status(
-                format_args!("removed topic {name}"),
-                json!({"status": "ok", "removed": "topic", "name": name}),
-            )?)
+            Ok(out.removed("topic", &name)?)
         }
         TopicCommand::List { client } => {
             let out = Printer::new(client.json);
             let topics = client.connect().await?.list_topics().await?;
-            if out.is_json() {
-                for t in &topics {
-                    out.json_line(t)?;
-                }
-            } else if topics.is_empty() {
-                out.line("no topics")?;
-            } else {
-                out.line(topic_table(&topics))?;
-            }
-            Ok(())
+            Ok(out.list("topics", &topics, topic_table)?)
         }
     }
 }

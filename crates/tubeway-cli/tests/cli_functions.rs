@@ -112,3 +112,36 @@ fn oneway_call_returns_at_once_and_runs() {
         entry(s, "functions", "echo")["calls"].as_u64() == Some(before + 1)
     });
 }
+
+#[test]
+fn function_status_list_remove() {
+    let server = Server::start();
+    server.run(&["call", "echo", "x"]).ok();
+    let out = server.run(&["function", "status", "echo", "--json"]);
+    let f = &out.json_lines()[0];
+    assert_eq!(f["name"], "echo");
+    assert_eq!(f["local"], true);
+    assert_eq!(f["calls"], 1);
+    assert_eq!(f["waiting"], 0);
+    let out = server.run(&["function", "status", "echo"]);
+    let table = out.ok();
+    assert!(table.starts_with("NAME"), "{table}");
+    assert!(table.contains("WAITING"), "{table}");
+    let out = server.run(&["function", "list", "--json"]);
+    let names: Vec<_> = out
+        .json_lines()
+        .iter()
+        .map(|f| f["name"].as_str().expect("name").to_owned())
+        .collect();
+    assert_eq!(names, ["ack", "echo"]);
+    assert_eq!(
+        server.run(&["function", "remove", "echo"]).ok(),
+        "removed function echo\n"
+    );
+    let out = server.run(&["function", "status", "echo"]);
+    assert!(out.fails_with(1).starts_with("error: function_not_found: "));
+    let out = server.run(&["function", "remove", "echo"]);
+    assert!(out.fails_with(1).starts_with("error: function_not_found: "));
+    let out = server.run(&["call", "echo", "x"]);
+    assert!(out.fails_with(1).starts_with("error: function_not_found: "));
+}
