@@ -345,6 +345,36 @@ def test_a_slow_loop_slows_its_subscription_instead_of_queueing(addresses: Addre
         run(main())
 
 
+def test_max_worker_calls_holds_calls_at_the_broker(server: tubeway.Server) -> None:
+    """A worker that takes one call at a time gets the next once it has
+    answered; meanwhile the broker holds it."""
+
+    async def main() -> None:
+        async with tubeway.aio.Client(server.url, max_worker_calls=1) as w, tubeway.aio.Client(
+            server.url
+        ) as caller:
+            release = asyncio.Event()
+            started: List[str] = []
+
+            async def held(m: tubeway.Message) -> str:
+                started.append(m.text)
+                await release.wait()
+                return m.text
+
+            worker = await w.serve("one-at-a-time", held)
+            calls = [asyncio.ensure_future(caller.send("one-at-a-time", t)) for t in "ab"]
+            deadline = time.monotonic() + 10
+            while not (started and (await caller.function_status("one-at-a-time"))["waiting"] == 1):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            assert len(started) == 1
+            release.set()
+            assert sorted(r.text for r in await asyncio.gather(*calls)) == ["a", "b"]
+            worker.stop()
+
+    run(main())
+
+
 def test_functions_served_on_the_loop_answer_every_call(server: tubeway.Server) -> None:
     """Calls run on the loop, a coroutine handler's concurrently; what a
     handler returns is the reply, and what it raises (or a return value
