@@ -242,8 +242,9 @@ impl Waiting {
 pub(crate) struct WorkerRef {
     pub registration: Uuid,
     pub session: Arc<SessionShared>,
-    /// The most calls its connection may owe when it is given another
-    /// (`ops::CreateFunction::max_calls`); no limit when `None`.
+    /// The most calls its connection may owe: while it owes this many, it
+    /// is given no more (`ops::CreateFunction::max_calls`); no limit when
+    /// `None`.
     pub max_calls: Option<usize>,
 }
 
