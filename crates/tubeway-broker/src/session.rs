@@ -1206,12 +1206,14 @@ impl Session {
                 // Rare, and long: a task waits for room, holding the slot.
                 self.spawned = true;
                 let shared = self.shared.clone();
+                let shutdown = self.inner.shutdown.clone();
                 self.inner.tracker.spawn(async move {
                     let deadline = call.expires.map(|(at, _)| at);
                     // A oneway call is delivered even if its caller leaves.
                     let placed = tokio::select! {
                         () = shared.gone.cancelled(), if !call.to.oneway => return,
-                        placed = call.f.worker_with_room(deadline, !call.to.oneway) => placed,
+                        () = shutdown.cancelled() => Err(None),
+                        placed = call.f.worker_with_room(deadline, !call.to.oneway) => placed.map_err(Some),
                     };
                     let e = match placed {
                         Ok(worker) => {
@@ -1224,10 +1226,11 @@ impl Session {
                             shared.forward_to(worker, call);
                             return;
                         }
-                        Err(Unplaced::Timeout) => {
+                        Err(Some(Unplaced::Timeout)) => {
                             no_answer_within(call.expires.map_or(Duration::ZERO, |(_, t)| t))
                         }
-                        Err(Unplaced::NoWorkers) => call.f.no_workers(),
+                        Err(Some(Unplaced::NoWorkers)) => call.f.no_workers(),
+                        Err(None) => BrokerError::shutting_down(),
                     };
                     call.f.count(true);
                     shared.answer(&call.to, Err(e)).await;

@@ -24,6 +24,8 @@ crate::transport_tests! {
     graceful_shutdown with BrokerConfig::default().shutdown_timeout(Duration::from_secs(3)),
     graceful_shutdown_lets_remote_worker_calls_finish
         with BrokerConfig::default().shutdown_timeout(Duration::from_secs(3)),
+    graceful_shutdown_answers_calls_waiting_for_a_worker
+        with BrokerConfig::default().shutdown_timeout(Duration::from_secs(3)),
     shutdown_is_not_held_up_by_clients_that_keep_sending
         with BrokerConfig::default().shutdown_timeout(Duration::from_secs(3)),
     statistics,
@@ -393,6 +395,47 @@ async fn graceful_shutdown_lets_remote_worker_calls_finish(h: &Harness) {
     within(grace + Duration::from_secs(2), h.broker.shutdown()).await;
     let answer = step(call).await.unwrap();
     assert_eq!(text(&answer.unwrap()), "done");
+}
+
+/// A call held at the broker for a worker with room is answered
+/// `unavailable` at shutdown, as a waiting poll or offer is; it does not
+/// keep the shutdown waiting, and the call already forwarded finishes.
+async fn graceful_shutdown_answers_calls_waiting_for_a_worker(h: &Harness) {
+    let options = tubeway::ClientOptions {
+        max_worker_calls: Some(1),
+        ..h.client_options()
+    };
+    let worker_client = h.client_with(options).await;
+    let (started_tx, mut started_rx) = mpsc::unbounded_channel::<()>();
+    let _w = step(worker_client.serve_async("one", move |_m: Message| {
+        let started = started_tx.clone();
+        async move {
+            started.send(()).unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            Ok(Message::plain_text("done"))
+        }
+    }))
+    .await
+    .unwrap();
+    let caller = h.client().await;
+    let call = |text: &'static str| {
+        let c = caller.clone();
+        tokio::spawn(async move { c.send("one", Message::plain_text(text)).await })
+    };
+    let first = call("first");
+    step(started_rx.recv()).await.unwrap();
+    let second = call("second");
+    eventually("the second call waits at the broker", || {
+        let c = caller.clone();
+        async move { matches!(c.function_status("one").await, Ok(s) if s.waiting == 1) }
+    })
+    .await;
+    let grace = h.broker.config().shutdown_timeout;
+    let t0 = Instant::now();
+    within(grace + Duration::from_secs(2), h.broker.shutdown()).await;
+    assert!(t0.elapsed() < grace, "shutdown took {:?}", t0.elapsed());
+    assert_status(step(second).await.unwrap(), ResponseStatus::Unavailable);
+    assert_eq!(text(&step(first).await.unwrap().unwrap()), "done");
 }
 
 async fn statistics(h: &Harness) {
