@@ -417,17 +417,31 @@ impl SessionShared {
             self.await_worker(fwd_id, Reply::Waiter(tx));
             Some(rx)
         };
-        // Removes the entry however this call ends (answer, timeout, caller gone).
-        struct Pending<'a>(&'a SessionShared, Uuid);
+        // Removes the entry however this call ends (answer, timeout, caller
+        // gone); a call given up before its request left, which the worker
+        // will never answer, no longer counts against it.
+        struct Pending<'a> {
+            worker: &'a SessionShared,
+            id: Uuid,
+            owed_unsent: bool,
+        }
         impl Drop for Pending<'_> {
             fn drop(&mut self) {
-                self.0.worker_calls().remove(&self.1);
+                self.worker.worker_calls().remove(&self.id);
+                if self.owed_unsent {
+                    self.worker.call_paid();
+                }
             }
         }
-        let _pending = Pending(self, fwd_id);
+        let mut pending = Pending {
+            worker: self,
+            id: fwd_id,
+            owed_unsent: !caller.oneway,
+        };
         if !self.send(&fwd).await {
             return Err(forward::worker_gone());
         }
+        pending.owed_unsent = false;
         let Some(rx) = rx else { return Ok(None) };
         let mut resp = rx.await.map_err(|_| forward::worker_gone())?;
         forward::readdress(&mut resp, &caller);
@@ -1620,6 +1634,39 @@ pub(crate) mod tests {
         tokio::spawn(flusher);
         let shared = SessionShared::new(id, "test".into(), broker.inner.clone(), writer);
         (shared, listener)
+    }
+
+    /// A call forwarded from inside the process and given up while its
+    /// request waits for room never reaches the worker, which will never
+    /// answer it: it must not count against the worker for good.
+    #[tokio::test]
+    async fn a_forwarded_call_given_up_before_it_left_is_not_owed() {
+        let broker = Broker::new(BrokerConfig::default());
+        // Nobody reads the far end: the worker's writes fill up.
+        let (worker, _listener) = session(&broker, 1).await;
+        let big = Message::binary(vec![0u8; 1 << 20], None);
+        let mut waits = false;
+        for _ in 0..1000 {
+            let mut m = big.clone();
+            m.oneway = true;
+            let send = worker.forward_call(m, Uuid::new_v4());
+            if tokio::time::timeout(Duration::from_millis(50), send)
+                .await
+                .is_err()
+            {
+                waits = true;
+                break;
+            }
+        }
+        assert!(waits, "the worker's writes never filled up");
+        // As a pick does, for a call to be answered.
+        assert!(worker.owe_call(None));
+        let call = worker.forward_call(big, Uuid::new_v4());
+        assert!(tokio::time::timeout(Duration::from_millis(50), call)
+            .await
+            .is_err());
+        assert_eq!(worker.owed_calls(), 0);
+        assert!(worker.worker_calls().is_empty());
     }
 
     #[tokio::test]
