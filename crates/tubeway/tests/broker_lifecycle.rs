@@ -365,17 +365,14 @@ async fn shutdown_is_not_held_up_by_clients_that_keep_sending(h: &Harness) {
     drop(frames);
 }
 
-/// Graceful shutdown lets calls in flight finish, as `graceful_shutdown`
-/// checks for a handler inside the broker; a call forwarded to a remote
-/// worker must finish too. The broker stops reading every connection at
-/// shutdown, the worker's included, so the worker's answer is never read;
-/// and the worker's session, having no requests of its own in flight,
-/// closes at once and fails the forwarded call with `server_error`
-/// ("worker disconnected before answering") within a millisecond.
-async fn graceful_shutdown_lets_remote_worker_calls_finish(h: &Harness) {
-    let worker_client = h.client().await;
-    let (started_tx, mut started_rx) = mpsc::unbounded_channel::<()>();
-    let _w = step(worker_client.serve_async("slow", move |_m: Message| {
+/// Serves `name` on `client`: each call reports that it started, then
+/// answers "done" 300 ms later.
+async fn slow_worker(
+    client: &AsyncClient,
+    name: &str,
+) -> (tubeway::Worker, mpsc::UnboundedReceiver<()>) {
+    let (started_tx, started_rx) = mpsc::unbounded_channel::<()>();
+    let worker = step(client.serve_async(name, move |_m: Message| {
         let started = started_tx.clone();
         async move {
             started.send(()).unwrap();
@@ -385,6 +382,19 @@ async fn graceful_shutdown_lets_remote_worker_calls_finish(h: &Harness) {
     }))
     .await
     .unwrap();
+    (worker, started_rx)
+}
+
+/// Graceful shutdown lets calls in flight finish, as `graceful_shutdown`
+/// checks for a handler inside the broker; a call forwarded to a remote
+/// worker must finish too. The broker stops reading every connection at
+/// shutdown, the worker's included, so the worker's answer is never read;
+/// and the worker's session, having no requests of its own in flight,
+/// closes at once and fails the forwarded call with `server_error`
+/// ("worker disconnected before answering") within a millisecond.
+async fn graceful_shutdown_lets_remote_worker_calls_finish(h: &Harness) {
+    let worker_client = h.client().await;
+    let (_w, mut started_rx) = slow_worker(&worker_client, "slow").await;
     let caller = h.client().await;
     let call = {
         let c = caller.clone();
@@ -406,17 +416,7 @@ async fn graceful_shutdown_answers_calls_waiting_for_a_worker(h: &Harness) {
         ..h.client_options()
     };
     let worker_client = h.client_with(options).await;
-    let (started_tx, mut started_rx) = mpsc::unbounded_channel::<()>();
-    let _w = step(worker_client.serve_async("one", move |_m: Message| {
-        let started = started_tx.clone();
-        async move {
-            started.send(()).unwrap();
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            Ok(Message::plain_text("done"))
-        }
-    }))
-    .await
-    .unwrap();
+    let (_w, mut started_rx) = slow_worker(&worker_client, "one").await;
     let caller = h.client().await;
     let call = |text: &'static str| {
         let c = caller.clone();
