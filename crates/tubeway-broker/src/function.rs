@@ -614,6 +614,19 @@ impl Function {
         worker.session.forward_call(req, worker.registration).await
     }
 
+    /// The error of a call that waited its whole timeout `t` for a worker
+    /// with room: it never reached one.
+    pub(crate) fn no_room_within(&self, t: std::time::Duration) -> BrokerError {
+        BrokerError::new(
+            ResponseStatus::Timeout,
+            format!(
+                "no worker of function {:?} had room for the call within {} ms",
+                self.name,
+                t.as_millis()
+            ),
+        )
+    }
+
     /// The error of a call to a function no worker serves.
     pub(crate) fn no_workers(&self) -> BrokerError {
         BrokerError::new(

@@ -26,7 +26,7 @@ use tubeway_transport::{Connection, FrameReader, FrameWriter, ReadError, SpinGro
 use uuid::Uuid;
 
 use crate::access::{self, Identity};
-use crate::broker::{check_name, no_answer_within, queue_error, within, BrokerError, Inner};
+use crate::broker::{check_name, queue_error, within, BrokerError, Inner};
 use crate::forward::{self, Reply, Route, WorkerCalls};
 use crate::function::{Function, Inline, Pick, Unplaced, WorkerRef};
 use crate::queue::QueueError;
@@ -1240,9 +1240,9 @@ impl Session {
                             shared.forward_to(worker, call);
                             return;
                         }
-                        Err(Some(Unplaced::Timeout)) => {
-                            no_answer_within(call.expires.map_or(Duration::ZERO, |(_, t)| t))
-                        }
+                        Err(Some(Unplaced::Timeout)) => call.f.no_room_within(
+                            call.expires.map_or(Duration::ZERO, |(_, t)| t),
+                        ),
                         Err(Some(Unplaced::NoWorkers)) => call.f.no_workers(),
                         Err(None) => BrokerError::shutting_down(),
                     };

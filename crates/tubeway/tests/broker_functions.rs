@@ -1519,7 +1519,13 @@ async fn calls_wait_at_the_broker_for_a_worker_with_room(h: &Harness) {
         Duration::from_millis(200),
     ))
     .await;
-    assert_status(r, ResponseStatus::Timeout);
+    let e = r.unwrap_err();
+    assert_eq!(status(&e), ResponseStatus::Timeout, "{e}");
+    assert!(
+        e.to_string()
+            .contains("no worker of function \"roomy\" had room"),
+        "{e}"
+    );
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
     assert!(
         started.try_recv().is_err(),
