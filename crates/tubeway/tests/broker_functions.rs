@@ -1322,6 +1322,33 @@ async fn deferred_answers_are_sent_from_the_thread_that_gives_them(h: &Harness) 
     assert_eq!(text(&r.unwrap()), "still served");
 }
 
+/// Serves `name` with a synchronous handler on a connection of `options`:
+/// each call reports that it started, then waits at the gate before it
+/// answers with its request.
+async fn gated_worker(
+    h: &Harness,
+    options: tubeway::ClientOptions,
+    name: &str,
+) -> (
+    tubeway::AsyncClient,
+    tubeway::Worker,
+    mpsc::UnboundedReceiver<()>,
+    Arc<Gate>,
+) {
+    let client = h.client_with(options).await;
+    let (started_tx, started) = mpsc::unbounded_channel();
+    let gate = Arc::new(Gate::default());
+    let held = gate.clone();
+    let worker = step(client.serve(name, move |m: Message| {
+        let _ = started_tx.send(());
+        held.pass();
+        Ok(m)
+    }))
+    .await
+    .unwrap();
+    (client, worker, started, gate)
+}
+
 /// A worker runs at most `max_blocking_calls` calls of its synchronous
 /// handlers at once and answers a call beyond them `unavailable` at once,
 /// so calls to a handler that hangs cannot pile up without bound.
@@ -1332,17 +1359,7 @@ async fn a_worker_refuses_calls_beyond_its_blocking_limit(h: &Harness) {
         max_worker_calls: Some(10),
         ..h.client_options()
     };
-    let worker_client = h.client_with(options).await;
-    let (started_tx, mut started) = mpsc::unbounded_channel();
-    let release = Arc::new(Gate::default());
-    let held = release.clone();
-    let _w = step(worker_client.serve("held", move |m: Message| {
-        let _ = started_tx.send(());
-        held.pass();
-        Ok(m)
-    }))
-    .await
-    .unwrap();
+    let (_worker_client, _w, mut started, release) = gated_worker(h, options, "held").await;
     let c = h.client().await;
     let caller = c.clone();
     let running = tokio::spawn(async move {
@@ -1403,17 +1420,7 @@ async fn a_synchronous_worker_gets_no_more_calls_than_it_runs(h: &Harness) {
         max_blocking_calls: 2,
         ..h.client_options()
     };
-    let worker_client = h.client_with(options).await;
-    let (started_tx, mut started) = mpsc::unbounded_channel();
-    let release = Arc::new(Gate::default());
-    let held = release.clone();
-    let _w = step(worker_client.serve("limited", move |m: Message| {
-        let _ = started_tx.send(());
-        held.pass();
-        Ok(m)
-    }))
-    .await
-    .unwrap();
+    let (_worker_client, _w, mut started, release) = gated_worker(h, options, "limited").await;
     let caller = h.client().await;
     let calls: Vec<_> = ["a", "b", "c", "d"]
         .into_iter()
