@@ -10,7 +10,7 @@
 //! a timer and a cancellation hook per call cost more than the rest of the
 //! forwarding put together.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +34,14 @@ pub(crate) struct WorkerCalls {
     sweeping: bool,
     /// The size at which calls whose caller has left are dropped next.
     purge_at: usize,
+    /// The calls the worker owes for functions it serves with a limit
+    /// ([`SessionShared::owe_call`]), by forwarded id: so that their
+    /// answers, late ones too, give back room under the limit. A call stays
+    /// here after it leaves `calls` (timed out, or its caller left) until
+    /// the worker answers it: it still takes a place among the worker's
+    /// calls. At most the largest limit the worker declared, since no
+    /// limited call is forwarded while it owes that many.
+    limited: HashSet<Uuid>,
 }
 
 /// The smallest table that is purged of calls whose caller has left.
@@ -71,13 +79,21 @@ impl WorkerCalls {
         self.calls.len()
     }
 
+    #[cfg(test)]
+    pub fn limited_len(&self) -> usize {
+        self.limited.len()
+    }
+
     /// Adds a call; true when the sweeper must start or look sooner.
     ///
     /// A call whose caller has left stays until the worker answers it or
     /// its deadline passes, and a call may have no deadline: each time the
     /// table has doubled, such calls are dropped, which bounds it by twice
     /// the calls of callers still there (each caller has its in-flight limit).
-    fn insert(&mut self, id: Uuid, reply: Reply) -> bool {
+    fn insert(&mut self, id: Uuid, reply: Reply, limited: bool) -> bool {
+        if limited {
+            self.limited.insert(id);
+        }
         if self.calls.len() >= self.purge_at.max(PURGE_MIN) {
             self.calls.retain(|_, r| match r {
                 Reply::Route(r) => !r.caller.is_gone(),
@@ -101,8 +117,24 @@ impl WorkerCalls {
         }
     }
 
+    /// Takes the call `id` out, for an end other than its answer; a
+    /// call with a limit still counts against the worker (see `limited`).
     pub fn remove(&mut self, id: &Uuid) -> Option<Reply> {
         self.calls.remove(id)
+    }
+
+    /// Takes out the call `id` that the worker answered: where the answer
+    /// goes (none when the call ended otherwise already), and whether the
+    /// call was one of a function with a limit.
+    pub fn answered(&mut self, id: &Uuid) -> (Option<Reply>, bool) {
+        (self.calls.remove(id), self.limited.remove(id))
+    }
+
+    /// Takes out the call `id`, whose request never left for the worker;
+    /// whether it was one with a limit.
+    pub fn unsent(&mut self, id: &Uuid) -> bool {
+        self.calls.remove(id);
+        self.limited.remove(id)
     }
 
     /// Takes every call whose deadline is `now` or earlier, and sets the
@@ -140,6 +172,7 @@ impl WorkerCalls {
     /// Takes every call, for a worker that is gone.
     pub fn take_all(&mut self) -> Vec<Reply> {
         self.next_sweep = None;
+        self.limited.clear();
         self.calls.drain().map(|(_, r)| r).collect()
     }
 }
@@ -186,11 +219,12 @@ impl SessionShared {
     /// Remembers a forwarded call to this worker connection, starting the
     /// sweeper of its deadlines if it does not run yet.
     /// The call counts against the worker from when it was picked
-    /// ([`crate::function::Function::pick_worker`]).
-    pub(crate) fn await_worker(self: &Arc<Self>, id: Uuid, reply: Reply) {
+    /// ([`crate::function::Function::pick_worker`]), against its limit
+    /// too when `limited` (the function's worker declared one).
+    pub(crate) fn await_worker(self: &Arc<Self>, id: Uuid, reply: Reply, limited: bool) {
         let (sooner, start) = {
             let mut calls = self.worker_calls();
-            let sooner = calls.insert(id, reply);
+            let sooner = calls.insert(id, reply, limited);
             let start = sooner && !std::mem::replace(&mut calls.sweeping, true);
             (sooner, start)
         };
@@ -268,11 +302,11 @@ mod tests {
         left.set_gone();
         let f = Arc::new(Function::remote("f".into()));
         for _ in 0..100 {
-            worker.await_worker(Uuid::new_v4(), route(&live, &f));
+            worker.await_worker(Uuid::new_v4(), route(&live, &f), false);
         }
         // Calls without a deadline, whose caller has gone: never answered.
         for _ in 0..10_000 {
-            worker.await_worker(Uuid::new_v4(), route(&left, &f));
+            worker.await_worker(Uuid::new_v4(), route(&left, &f), false);
         }
         let len = worker.worker_calls().len();
         assert!((100..=400).contains(&len), "{len} calls kept");

@@ -242,19 +242,18 @@ impl Waiting {
 pub(crate) struct WorkerRef {
     pub registration: Uuid,
     pub session: Arc<SessionShared>,
-    /// The most calls its connection may owe: while it owes this many, it
-    /// is given no more (`ops::CreateFunction::max_calls`); no limit when
-    /// `None`.
+    /// The most calls its connection may owe of the functions it serves
+    /// with a limit: while it owes this many, it is given no more of them
+    /// (`ops::CreateFunction::max_calls`); no limit when `None`.
     pub max_calls: Option<usize>,
 }
 
 impl WorkerRef {
     /// The calls its connection owes; `usize::MAX` when it takes no more.
     fn load(&self) -> usize {
-        let owed = self.session.owed_calls();
         match self.max_calls {
-            Some(max) if owed >= max => usize::MAX,
-            _ => owed,
+            Some(max) if self.session.owed_limited_calls() >= max => usize::MAX,
+            _ => self.session.owed_calls(),
         }
     }
 }
@@ -611,7 +610,7 @@ impl Function {
                 .map_err(|_| self.no_workers())?,
             Pick::NoWorkers => return Err(self.no_workers()),
         };
-        worker.session.forward_call(req, worker.registration).await
+        worker.session.forward_call(req, &worker).await
     }
 
     /// The error of a call that waited its whole timeout `t` for a worker
@@ -689,10 +688,13 @@ mod tests {
         }
     }
 
+    /// Counts `calls` against `worker`, against its limit too if it has
+    /// one (past it, as calls that timed out may).
     fn owe(f: &Function, worker: usize, calls: usize) {
         let ws = lock(&f.workers);
+        let limit = ws[worker].max_calls.map(|_| usize::MAX);
         for _ in 0..calls {
-            assert!(ws[worker].session.owe_call(None));
+            assert!(ws[worker].session.owe_call(limit));
         }
     }
 
@@ -773,6 +775,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn calls_without_a_limit_take_no_room_under_one() {
+        let broker = Broker::new(BrokerConfig::default());
+        let (f, _l) = limited_workers(&broker, &[Some(1)]).await;
+        let w = lock(&f.workers)[0].clone();
+        // Calls of another function the connection serves without a limit.
+        for _ in 0..5 {
+            assert!(w.session.owe_call(None));
+        }
+        assert_eq!(picked(&f), Some(0));
+        assert!(w.session.owe_call(Some(1)));
+        assert_eq!(picked(&f), None);
+        assert!(!w.session.owe_call(Some(1)));
+        // An answer to one of the others makes no room.
+        w.session.call_paid(false);
+        assert_eq!(picked(&f), None);
+        w.session.call_paid(true);
+        assert_eq!(picked(&f), Some(0));
+        assert_eq!(w.session.owed_calls(), 4);
+    }
+
+    #[tokio::test]
     async fn a_call_to_be_answered_counts_from_its_pick() {
         let broker = Broker::new(BrokerConfig::default());
         let (f, _l) = limited_workers(&broker, &[Some(2), None]).await;
@@ -815,7 +838,7 @@ mod tests {
         // A new call queues behind the waiting one, room or not.
         assert_eq!(picked(&f), None);
         let ws = lock(&f.workers).clone();
-        ws[0].session.call_paid();
+        ws[0].session.call_paid(true);
         assert_eq!(waiter.await.unwrap(), Ok(0));
         assert_eq!(picked(&f), Some(0));
         // The last worker leaving ends the wait.

@@ -102,8 +102,14 @@ pub(crate) struct SessionShared {
     /// answered yet, those that timed out included: the load by which
     /// the broker picks among a function's workers.
     owed: AtomicUsize,
+    /// Of `owed`, the calls of functions this connection serves with a
+    /// limit (`ops::CreateFunction::max_calls`): what the limit counts. A
+    /// connection that serves some functions with synchronous handlers,
+    /// limited by its threads, and others with async ones, not limited,
+    /// takes calls of the first while the second's are in flight.
+    owed_limited: AtomicUsize,
     /// The functions this connection serves with a limit on its calls:
-    /// each answer it gives may let a call waiting for room go on.
+    /// each answer it gives to one may let a call waiting for room go on.
     limited: Mutex<Vec<std::sync::Weak<Function>>>,
     /// Wakes the sweeper of `worker_calls` for a deadline sooner than the
     /// one it sleeps until.
@@ -186,6 +192,7 @@ impl SessionShared {
             writer,
             worker_calls: Mutex::default(),
             owed: AtomicUsize::new(0),
+            owed_limited: AtomicUsize::new(0),
             limited: Mutex::default(),
             sweep_sooner: Notify::new(),
             runtime: tokio::runtime::Handle::current(),
@@ -398,23 +405,24 @@ impl SessionShared {
     }
 
     /// Forwards a call from inside the broker's process to this
-    /// connection, which serves the function as a worker, and waits for its
+    /// connection, which serves the function as `worker`, and waits for its
     /// answer. Calls from clients go without waiting (see [`crate::forward`]).
     pub async fn forward_call(
         self: &Arc<Self>,
         req: Message,
-        registration: Uuid,
+        worker: &WorkerRef,
     ) -> Result<Option<Message>, BrokerError> {
         let caller = ReplyTo::of(&req);
+        let limited = worker.max_calls.is_some() && !caller.oneway;
         let mut fwd = req;
         fwd.id = Uuid::new_v4();
-        fwd.correlation_id = Some(registration);
+        fwd.correlation_id = Some(worker.registration);
         let fwd_id = fwd.id;
         let rx = if caller.oneway {
             None
         } else {
             let (tx, rx) = oneshot::channel();
-            self.await_worker(fwd_id, Reply::Waiter(tx));
+            self.await_worker(fwd_id, Reply::Waiter(tx), limited);
             Some(rx)
         };
         // Removes the entry however this call ends (answer, timeout, caller
@@ -427,9 +435,11 @@ impl SessionShared {
         }
         impl Drop for Pending<'_> {
             fn drop(&mut self) {
-                self.worker.worker_calls().remove(&self.id);
                 if self.owed_unsent {
-                    self.worker.call_paid();
+                    let limited = self.worker.worker_calls().unsent(&self.id);
+                    self.worker.call_paid(limited);
+                } else {
+                    self.worker.worker_calls().remove(&self.id);
                 }
             }
         }
@@ -462,6 +472,7 @@ impl SessionShared {
         fwd.id = Uuid::new_v4();
         fwd.correlation_id = Some(worker.registration);
         let fwd_id = fwd.id;
+        let limited = worker.max_calls.is_some() && !to.oneway;
         let w = worker.session;
         // A call with an answer gives its reply address and its slot to its
         // route; a oneway one keeps them, the slot while its request waits
@@ -476,7 +487,7 @@ impl SessionShared {
                 expires,
                 _permit: permit,
             };
-            w.await_worker(fwd_id, Reply::Route(route));
+            w.await_worker(fwd_id, Reply::Route(route), limited);
             None
         };
         // A call with an answer is counted when that comes; a oneway one
@@ -515,25 +526,46 @@ impl SessionShared {
         self.owed.load(Ordering::Relaxed)
     }
 
-    /// One more call owed by this worker connection, unless it owes
-    /// `max` already.
-    pub(crate) fn owe_call(&self, max: Option<usize>) -> bool {
-        let max = max.unwrap_or(usize::MAX);
-        self.owed
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .is_ok()
+    /// Calls this connection owes as a worker of functions it serves with
+    /// a limit (see [`Self::owed_limited`]).
+    pub(crate) fn owed_limited_calls(&self) -> usize {
+        self.owed_limited.load(Ordering::Relaxed)
     }
 
-    /// One call fewer owed by this worker connection: a call waiting for
-    /// room at a function it serves with a limit may now go on.
-    pub(crate) fn call_paid(&self) {
+    /// One more call owed by this worker connection; with `max`, a call of
+    /// a function it serves with that limit, unless it owes `max` such
+    /// calls already.
+    pub(crate) fn owe_call(&self, max: Option<usize>) -> bool {
+        if let Some(max) = max {
+            let room = self
+                .owed_limited
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < max).then_some(n + 1)
+                });
+            if room.is_err() {
+                return false;
+            }
+        }
+        self.owed.fetch_add(1, Ordering::AcqRel);
+        true
+    }
+
+    /// One call fewer owed by this worker connection; when `limited`, one
+    /// of a function it serves with a limit, so that a call waiting for
+    /// room there may now go on.
+    pub(crate) fn call_paid(&self, limited: bool) {
         // Saturating: a worker cannot owe less than nothing, however many
         // answers it makes up.
+        let less = |n: usize| n.checked_sub(1);
         let _ = self
             .owed
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, less);
+        if !limited {
+            return;
+        }
+        let _ = self
+            .owed_limited
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, less);
         for f in lock(&self.limited)
             .iter()
             .filter_map(std::sync::Weak::upgrade)
@@ -553,10 +585,11 @@ impl SessionShared {
 
     fn worker_answered(&self, resp: Box<Message>) {
         // Any answer, a late one too, is a call the worker no longer works on.
-        self.call_paid();
-        let waiter = resp
-            .correlation_id
-            .and_then(|c| self.worker_calls().remove(&c));
+        let (waiter, limited) = match resp.correlation_id {
+            Some(c) => self.worker_calls().answered(&c),
+            None => (None, false),
+        };
+        self.call_paid(limited);
         match waiter {
             Some(Reply::Waiter(tx)) => {
                 let _ = tx.send(*resp);
@@ -1644,12 +1677,18 @@ pub(crate) mod tests {
         let broker = Broker::new(BrokerConfig::default());
         // Nobody reads the far end: the worker's writes fill up.
         let (worker, _listener) = session(&broker, 1).await;
+        let to_worker = |max_calls| WorkerRef {
+            registration: Uuid::new_v4(),
+            session: worker.clone(),
+            max_calls,
+        };
         let big = Message::binary(vec![0u8; 1 << 20], None);
         let mut waits = false;
         for _ in 0..1000 {
             let mut m = big.clone();
             m.oneway = true;
-            let send = worker.forward_call(m, Uuid::new_v4());
+            let to = to_worker(None);
+            let send = worker.forward_call(m, &to);
             if tokio::time::timeout(Duration::from_millis(50), send)
                 .await
                 .is_err()
@@ -1659,14 +1698,19 @@ pub(crate) mod tests {
             }
         }
         assert!(waits, "the worker's writes never filled up");
-        // As a pick does, for a call to be answered.
-        assert!(worker.owe_call(None));
-        let call = worker.forward_call(big, Uuid::new_v4());
-        assert!(tokio::time::timeout(Duration::from_millis(50), call)
-            .await
-            .is_err());
-        assert_eq!(worker.owed_calls(), 0);
-        assert!(worker.worker_calls().is_empty());
+        // As a pick does, for a call to be answered, with a limit or not.
+        for max_calls in [None, Some(1)] {
+            assert!(worker.owe_call(max_calls));
+            let to = to_worker(max_calls);
+            let call = worker.forward_call(big.clone(), &to);
+            assert!(tokio::time::timeout(Duration::from_millis(50), call)
+                .await
+                .is_err());
+            assert_eq!(worker.owed_calls(), 0);
+            assert_eq!(worker.owed_limited_calls(), 0);
+            assert!(worker.worker_calls().is_empty());
+            assert_eq!(worker.worker_calls().limited_len(), 0);
+        }
     }
 
     #[tokio::test]

@@ -154,9 +154,9 @@ pub struct TopicStatus {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CreateFunction {
     /// The most calls the broker forwards to the worker's connection at
-    /// once (counting those it has not answered yet, timed out or not);
-    /// further calls wait at the broker for room, or for another worker.
-    /// No limit when absent.
+    /// once (counting those it has not answered yet, timed out or not, of
+    /// the functions it registered with a limit); further calls wait at
+    /// the broker for room, or for another worker. No limit when absent.
     #[serde(default)]
     pub max_calls: Option<u64>,
 }

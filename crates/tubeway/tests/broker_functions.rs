@@ -51,6 +51,7 @@ crate::transport_tests! {
     a_synchronous_worker_gets_no_more_calls_than_it_runs,
     a_burst_beyond_a_synchronous_workers_threads_is_never_refused,
     calls_wait_at_the_broker_for_a_worker_with_room,
+    a_limit_counts_the_calls_it_was_declared_for,
     a_worker_limit_must_be_a_count_of_calls,
     blocking_oneway_calls_are_flushed_when_the_client_drops,
 }
@@ -1422,13 +1423,7 @@ async fn a_synchronous_worker_gets_no_more_calls_than_it_runs(h: &Harness) {
     };
     let (_worker_client, _w, mut started, release) = gated_worker(h, options, "limited").await;
     let caller = h.client().await;
-    let calls: Vec<_> = ["a", "b", "c", "d"]
-        .into_iter()
-        .map(|t| {
-            let caller = caller.clone();
-            tokio::spawn(async move { caller.send("limited", Message::plain_text(t)).await })
-        })
-        .collect();
+    let calls = spawn_calls(&caller, "limited", &["a", "b", "c", "d"]);
     for _ in 0..2 {
         step(started.recv()).await.unwrap();
     }
@@ -1480,6 +1475,48 @@ async fn a_burst_beyond_a_synchronous_workers_threads_is_never_refused(h: &Harne
     }
 }
 
+/// Serves `name` on `client` with an async handler: each call reports
+/// that it started, then waits for a permit before it answers with its
+/// request.
+async fn held_async_worker(
+    client: &tubeway::AsyncClient,
+    name: &str,
+) -> (
+    tubeway::Worker,
+    mpsc::UnboundedReceiver<()>,
+    Arc<tokio::sync::Semaphore>,
+) {
+    let (started_tx, started) = mpsc::unbounded_channel();
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = release.clone();
+    let worker = step(client.serve_async(name, move |m: Message| {
+        let (started, held) = (started_tx.clone(), held.clone());
+        async move {
+            let _ = started.send(());
+            held.acquire().await.unwrap().forget();
+            Ok(m)
+        }
+    }))
+    .await
+    .unwrap();
+    (worker, started, release)
+}
+
+/// Calls `function` with each of `texts`, each call on a task of its own.
+fn spawn_calls(
+    caller: &tubeway::AsyncClient,
+    function: &'static str,
+    texts: &[&'static str],
+) -> Vec<tokio::task::JoinHandle<tubeway::Result<Message>>> {
+    texts
+        .iter()
+        .map(|&t| {
+            let caller = caller.clone();
+            tokio::spawn(async move { caller.send(function, Message::plain_text(t)).await })
+        })
+        .collect()
+}
+
 /// Waits until `n` calls of `function` wait at the broker for room.
 async fn calls_waiting(caller: &tubeway::AsyncClient, function: &str, n: u64) {
     common::eventually(&format!("{n} calls of {function} waiting"), || {
@@ -1499,19 +1536,7 @@ async fn calls_wait_at_the_broker_for_a_worker_with_room(h: &Harness) {
         ..h.client_options()
     };
     let held_client = h.client_with(options).await;
-    let (started_tx, mut started) = mpsc::unbounded_channel::<()>();
-    let release = Arc::new(tokio::sync::Semaphore::new(0));
-    let held = release.clone();
-    let _w = step(held_client.serve_async("roomy", move |_m: Message| {
-        let (started, held) = (started_tx.clone(), held.clone());
-        async move {
-            started.send(()).unwrap();
-            held.acquire().await.unwrap().forget();
-            Ok(Message::plain_text("held"))
-        }
-    }))
-    .await
-    .unwrap();
+    let (_w, mut started, release) = held_async_worker(&held_client, "roomy").await;
     let caller = h.client().await;
     let first = {
         let caller = caller.clone();
@@ -1566,11 +1591,11 @@ async fn calls_wait_at_the_broker_for_a_worker_with_room(h: &Harness) {
     release.add_permits(2);
     assert_eq!(
         text(&within(common::STEP, first).await.unwrap().unwrap()),
-        "held"
+        "1"
     );
     assert_eq!(
         text(&within(common::STEP, waiting).await.unwrap().unwrap()),
-        "held"
+        "4"
     );
     // A call waiting when the last worker leaves fails at once.
     let again = {
@@ -1589,6 +1614,49 @@ async fn calls_wait_at_the_broker_for_a_worker_with_room(h: &Harness) {
     assert_eq!(status(&e), ResponseStatus::FunctionNotFound, "{e}");
     let e = within(common::STEP, again).await.unwrap().unwrap_err();
     assert_eq!(status(&e), ResponseStatus::ServerError, "{e}");
+}
+
+/// A connection's limit counts the calls of the functions it declared it
+/// for, and no others: its synchronous handlers are limited by its threads,
+/// and calls in flight to its async handlers take none of their room. A
+/// limited call that timed out keeps its place until the worker answers.
+async fn a_limit_counts_the_calls_it_was_declared_for(h: &Harness) {
+    let options = tubeway::ClientOptions {
+        max_blocking_calls: 1,
+        ..h.client_options()
+    };
+    let (worker_client, _w, mut started, gate) = gated_worker(h, options, "sync").await;
+    let (_a, mut async_started, release) = held_async_worker(&worker_client, "async").await;
+    let caller = h.client().await;
+    let async_calls = spawn_calls(&caller, "async", &["x", "y"]);
+    for _ in 0..2 {
+        step(async_started.recv()).await.unwrap();
+    }
+    // The connection owes two async calls, more than its limit of one.
+    gate.open(1);
+    let r = step(caller.send("sync", Message::plain_text("a"))).await;
+    assert_eq!(text(&r.unwrap()), "a");
+    step(started.recv()).await.unwrap();
+    // A synchronous call that times out at the broker still holds the
+    // worker's thread, and its place, until the worker answers it.
+    let e = step(caller.send_timeout("sync", Message::plain_text("b"), Duration::from_millis(100)))
+        .await
+        .unwrap_err();
+    assert_eq!(status(&e), ResponseStatus::Timeout, "{e}");
+    step(started.recv()).await.unwrap();
+    let waiting = {
+        let caller = caller.clone();
+        tokio::spawn(async move { caller.send("sync", Message::plain_text("c")).await })
+    };
+    calls_waiting(&caller, "sync", 1).await;
+    // The late answer makes room.
+    gate.open(2);
+    let r = within(common::STEP, waiting).await.unwrap();
+    assert_eq!(text(&r.unwrap()), "c");
+    release.add_permits(2);
+    for (call, t) in async_calls.into_iter().zip(["x", "y"]) {
+        assert_eq!(text(&within(common::STEP, call).await.unwrap().unwrap()), t);
+    }
 }
 
 /// `create_function`'s limit on a worker's calls is checked.
