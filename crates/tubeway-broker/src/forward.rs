@@ -56,7 +56,9 @@ pub(crate) enum Reply {
     Route(Route),
 }
 
-/// The way back to a client that called a worker.
+/// The way back to a client that called a worker (nowhere for a oneway
+/// call, whose answer a worker with a limit gives all the same: see
+/// [`crate::function::counts`]).
 #[derive(Debug)]
 pub(crate) struct Route {
     pub caller: Arc<SessionShared>,

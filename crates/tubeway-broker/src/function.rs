@@ -258,6 +258,16 @@ impl WorkerRef {
     }
 }
 
+/// Whether a call counts against worker `w` from its pick until the worker
+/// answers it: every call to be answered, and a oneway call to a worker
+/// with a limit, which is forwarded as one to be answered (its answer is
+/// dropped) so that it takes a place until it has run. A worker that runs
+/// a limited number of calls would otherwise be given oneway calls beyond
+/// them, which it could neither run nor refuse to anyone.
+pub(crate) fn counts(oneway: bool, w: &WorkerRef) -> bool {
+    !oneway || w.max_calls.is_some()
+}
+
 /// What [`Function::pick_worker`] found for a call.
 #[derive(Debug)]
 pub(crate) enum Pick {
@@ -375,15 +385,16 @@ impl Function {
     /// The worker for a new call: of those looked at, the one owing the
     /// fewest answers, the first in round-robin order among equals; none
     /// that owes as many calls as it takes. While calls wait for room, a new
-    /// call waits behind them. A call to be `answered` counts against the
-    /// worker from here: picks for other functions of its connection, made
+    /// call waits behind them. The call counts against the worker from here
+    /// (see [`counts`]): picks for other functions of its connection, made
     /// meanwhile, see it.
-    pub(crate) fn pick_worker(&self, answered: bool) -> Pick {
-        self.pick(true, answered)
+    pub(crate) fn pick_worker(&self, oneway: bool) -> Pick {
+        self.pick(true, |w| counts(oneway, w))
     }
 
-    /// [`pick_worker`](Self::pick_worker); `in_turn`: behind calls that wait.
-    fn pick(&self, in_turn: bool, answered: bool) -> Pick {
+    /// [`pick_worker`](Self::pick_worker); `in_turn`: behind calls that
+    /// wait; `counted`: whether the call counts against the worker picked.
+    fn pick(&self, in_turn: bool, counted: impl Fn(&WorkerRef) -> bool) -> Pick {
         let ws = lock(&self.workers);
         let n = ws.len();
         if n == 0 {
@@ -396,7 +407,7 @@ impl Function {
         // the count (this function's hold the lock): look again.
         for _ in 0..=n {
             match self.pick_from(&ws) {
-                Some(w) if !answered || w.session.owe_call(w.max_calls) => {
+                Some(w) if !counted(w) || w.session.owe_call(w.max_calls) => {
                     return Pick::Worker(w.clone());
                 }
                 Some(_) => {}
@@ -441,7 +452,7 @@ impl Function {
     pub(crate) async fn worker_with_room(
         &self,
         deadline: Option<tokio::time::Instant>,
-        answered: bool,
+        oneway: bool,
     ) -> Result<WorkerRef, Unplaced> {
         struct Waits<'a>(&'a Function);
         impl Drop for Waits<'_> {
@@ -461,7 +472,7 @@ impl Function {
             if self.is_retired() {
                 return Err(Unplaced::NoWorkers);
             }
-            match self.pick(false, answered) {
+            match self.pick(false, |w| counts(oneway, w)) {
                 Pick::Worker(w) => return Ok(w),
                 Pick::NoWorkers => return Err(Unplaced::NoWorkers),
                 Pick::Full => {}
@@ -600,12 +611,11 @@ impl Function {
             let outcome = h.run(req).await;
             return Ok(self.local_answer(caller, outcome));
         }
-        let answered = !req.oneway;
-        let worker = match self.pick_worker(answered) {
+        let worker = match self.pick_worker(req.oneway) {
             Pick::Worker(w) => w,
             // The caller's own timeout bounds the wait.
             Pick::Full => self
-                .worker_with_room(None, answered)
+                .worker_with_room(None, req.oneway)
                 .await
                 .map_err(|_| self.no_workers())?,
             Pick::NoWorkers => return Err(self.no_workers()),
@@ -680,8 +690,9 @@ mod tests {
         (f, listeners)
     }
 
+    /// The worker a call would go to, not counted against it.
     fn picked(f: &Function) -> Option<u64> {
-        match f.pick_worker(false) {
+        match f.pick(true, |_| false) {
             Pick::Worker(w) => Some(w.session.id),
             Pick::Full => None,
             Pick::NoWorkers => panic!("no workers"),
@@ -750,7 +761,7 @@ mod tests {
     async fn no_workers_no_pick() {
         let broker = Broker::new(BrokerConfig::default());
         let (f, _l) = workers(&broker, 0).await;
-        assert!(matches!(f.pick_worker(true), Pick::NoWorkers));
+        assert!(matches!(f.pick_worker(false), Pick::NoWorkers));
     }
 
     #[tokio::test]
@@ -800,7 +811,7 @@ mod tests {
         let broker = Broker::new(BrokerConfig::default());
         let (f, _l) = limited_workers(&broker, &[Some(2), None]).await;
         let picks: Vec<_> = (0..4)
-            .map(|_| match f.pick_worker(true) {
+            .map(|_| match f.pick_worker(false) {
                 Pick::Worker(w) => w.session.id,
                 other => panic!("{other:?}"),
             })
@@ -813,9 +824,13 @@ mod tests {
             .collect();
         assert_eq!(owed, [2, 2]);
         assert_eq!(tally(&f, 3), vec![0, 3]);
-        // A oneway call counts against nobody.
-        assert!(matches!(f.pick_worker(false), Pick::Worker(_)));
+        // A oneway call counts against a worker with a limit only.
+        assert!(matches!(f.pick_worker(true), Pick::Worker(w) if w.session.id == 1));
         assert_eq!(lock(&f.workers)[1].session.owed_calls(), 2);
+        lock(&f.workers)[0].session.call_paid(true);
+        assert!(matches!(f.pick_worker(true), Pick::Worker(w) if w.session.id == 0));
+        assert_eq!(lock(&f.workers)[0].session.owed_limited_calls(), 2);
+        assert_eq!(picked(&f), Some(1));
     }
 
     #[tokio::test]
@@ -840,6 +855,9 @@ mod tests {
         let ws = lock(&f.workers).clone();
         ws[0].session.call_paid(true);
         assert_eq!(waiter.await.unwrap(), Ok(0));
+        // It counts from its pick.
+        assert_eq!(picked(&f), None);
+        ws[0].session.call_paid(true);
         assert_eq!(picked(&f), Some(0));
         // The last worker leaving ends the wait.
         owe(&f, 0, 1);

@@ -413,17 +413,20 @@ impl SessionShared {
         worker: &WorkerRef,
     ) -> Result<Option<Message>, BrokerError> {
         let caller = ReplyTo::of(&req);
-        let limited = worker.max_calls.is_some() && !caller.oneway;
+        let limited = worker.max_calls.is_some();
+        let answered = crate::function::counts(caller.oneway, worker);
         let mut fwd = req;
         fwd.id = Uuid::new_v4();
         fwd.correlation_id = Some(worker.registration);
+        // Asked for an answer, which nobody waits for, if it counts.
+        fwd.oneway = !answered;
         let fwd_id = fwd.id;
-        let rx = if caller.oneway {
-            None
-        } else {
+        let rx = if answered {
             let (tx, rx) = oneshot::channel();
             self.await_worker(fwd_id, Reply::Waiter(tx), limited);
             Some(rx)
+        } else {
+            None
         };
         // Removes the entry however this call ends (answer, timeout, caller
         // gone); a call given up before its request left, which the worker
@@ -446,13 +449,15 @@ impl SessionShared {
         let mut pending = Pending {
             worker: self,
             id: fwd_id,
-            owed_unsent: !caller.oneway,
+            owed_unsent: answered,
         };
         if !self.send(&fwd).await {
             return Err(forward::worker_gone());
         }
         pending.owed_unsent = false;
-        let Some(rx) = rx else { return Ok(None) };
+        let Some(rx) = rx.filter(|_| !caller.oneway) else {
+            return Ok(None);
+        };
         let mut resp = rx.await.map_err(|_| forward::worker_gone())?;
         forward::readdress(&mut resp, &caller);
         Ok(Some(resp))
@@ -472,12 +477,15 @@ impl SessionShared {
         fwd.id = Uuid::new_v4();
         fwd.correlation_id = Some(worker.registration);
         let fwd_id = fwd.id;
-        let limited = worker.max_calls.is_some() && !to.oneway;
+        let limited = worker.max_calls.is_some();
+        let answered = crate::function::counts(to.oneway, &worker);
+        // Asked for an answer, dropped by the route, if it counts.
+        fwd.oneway = !answered;
         let w = worker.session;
-        // A call with an answer gives its reply address and its slot to its
-        // route; a oneway one keeps them, the slot while its request waits
-        // for room.
-        let oneway = if to.oneway {
+        // A call that counts against its worker gives its reply address
+        // and its slot to its route, until answered; a oneway one that does
+        // not keeps them, the slot while its request waits for room.
+        let oneway = if !answered {
             Some((to, permit))
         } else {
             let route = Route {
@@ -1238,7 +1246,7 @@ impl Session {
             permit,
             expires,
         };
-        match call.f.pick_worker(!call.to.oneway) {
+        match call.f.pick_worker(call.to.oneway) {
             Pick::Worker(worker) => {
                 if self.shared.forward_to(worker, call) {
                     self.spawned = true;
@@ -1260,7 +1268,7 @@ impl Session {
                     let placed = tokio::select! {
                         () = shared.gone.cancelled(), if !call.to.oneway => return,
                         () = shutdown.cancelled() => Err(None),
-                        placed = call.f.worker_with_room(deadline, !call.to.oneway) => placed.map_err(Some),
+                        placed = call.f.worker_with_room(deadline, call.to.oneway) => placed.map_err(Some),
                     };
                     let e = match placed {
                         Ok(worker) => {

@@ -52,6 +52,7 @@ crate::transport_tests! {
     a_burst_beyond_a_synchronous_workers_threads_is_never_refused,
     calls_wait_at_the_broker_for_a_worker_with_room,
     a_limit_counts_the_calls_it_was_declared_for,
+    oneway_calls_beyond_a_workers_threads_wait_and_all_run,
     a_worker_limit_must_be_a_count_of_calls,
     blocking_oneway_calls_are_flushed_when_the_client_drops,
 }
@@ -1323,6 +1324,14 @@ async fn deferred_answers_are_sent_from_the_thread_that_gives_them(h: &Harness) 
     assert_eq!(text(&r.unwrap()), "still served");
 }
 
+/// Options of a connection that runs `n` calls of synchronous handlers at once.
+fn threads(h: &Harness, n: usize) -> tubeway::ClientOptions {
+    tubeway::ClientOptions {
+        max_blocking_calls: n,
+        ..h.client_options()
+    }
+}
+
 /// Serves `name` with a synchronous handler on a connection of `options`:
 /// each call reports that it started, then waits at the gate before it
 /// answers with its request.
@@ -1356,9 +1365,8 @@ async fn gated_worker(
 async fn a_worker_refuses_calls_beyond_its_blocking_limit(h: &Harness) {
     // Declared to the broker as more than it runs: calls reach it.
     let options = tubeway::ClientOptions {
-        max_blocking_calls: 2,
         max_worker_calls: Some(10),
-        ..h.client_options()
+        ..threads(h, 2)
     };
     let (_worker_client, _w, mut started, release) = gated_worker(h, options, "held").await;
     let c = h.client().await;
@@ -1417,11 +1425,8 @@ impl Gate {
 /// many calls it runs at once: further calls wait at the broker, not
 /// answered `unavailable`, and go on as running calls end.
 async fn a_synchronous_worker_gets_no_more_calls_than_it_runs(h: &Harness) {
-    let options = tubeway::ClientOptions {
-        max_blocking_calls: 2,
-        ..h.client_options()
-    };
-    let (_worker_client, _w, mut started, release) = gated_worker(h, options, "limited").await;
+    let (_worker_client, _w, mut started, release) =
+        gated_worker(h, threads(h, 2), "limited").await;
     let caller = h.client().await;
     let calls = spawn_calls(&caller, "limited", &["a", "b", "c", "d"]);
     for _ in 0..2 {
@@ -1445,11 +1450,7 @@ async fn a_synchronous_worker_gets_no_more_calls_than_it_runs(h: &Harness) {
 /// Calls far beyond a synchronous worker's threads, at once and for a
 /// while: the broker never forwards one too many, so none is refused.
 async fn a_burst_beyond_a_synchronous_workers_threads_is_never_refused(h: &Harness) {
-    let options = tubeway::ClientOptions {
-        max_blocking_calls: 2,
-        ..h.client_options()
-    };
-    let worker_client = h.client_with(options).await;
+    let worker_client = h.client_with(threads(h, 2)).await;
     let _w = step(worker_client.serve("burst", |m: Message| {
         std::thread::sleep(Duration::from_micros(200));
         Ok(m)
@@ -1621,11 +1622,7 @@ async fn calls_wait_at_the_broker_for_a_worker_with_room(h: &Harness) {
 /// and calls in flight to its async handlers take none of their room. A
 /// limited call that timed out keeps its place until the worker answers.
 async fn a_limit_counts_the_calls_it_was_declared_for(h: &Harness) {
-    let options = tubeway::ClientOptions {
-        max_blocking_calls: 1,
-        ..h.client_options()
-    };
-    let (worker_client, _w, mut started, gate) = gated_worker(h, options, "sync").await;
+    let (worker_client, _w, mut started, gate) = gated_worker(h, threads(h, 1), "sync").await;
     let (_a, mut async_started, release) = held_async_worker(&worker_client, "async").await;
     let caller = h.client().await;
     let async_calls = spawn_calls(&caller, "async", &["x", "y"]);
@@ -1657,6 +1654,38 @@ async fn a_limit_counts_the_calls_it_was_declared_for(h: &Harness) {
     for (call, t) in async_calls.into_iter().zip(["x", "y"]) {
         assert_eq!(text(&within(common::STEP, call).await.unwrap().unwrap()), t);
     }
+}
+
+/// A oneway call to a worker that runs a limited number of calls takes a
+/// place until it has run, as a call with an answer does: calls beyond the
+/// worker's threads wait at the broker, where they reached a worker that
+/// could neither run them nor refuse them to anyone, and dropped them.
+async fn oneway_calls_beyond_a_workers_threads_wait_and_all_run(h: &Harness) {
+    let (_worker_client, _w, mut started, gate) = gated_worker(h, threads(h, 2), "fire").await;
+    let caller = h.client().await;
+    for i in 0..6 {
+        step(caller.send_oneway("fire", Message::plain_text(i.to_string())))
+            .await
+            .unwrap();
+    }
+    for _ in 0..2 {
+        step(started.recv()).await.unwrap();
+    }
+    calls_waiting(&caller, "fire", 4).await;
+    assert!(started.try_recv().is_err(), "a third call was forwarded");
+    gate.open(6);
+    for _ in 0..4 {
+        step(started.recv()).await.unwrap();
+    }
+    // Each counted once it has run, from the answer the caller never sees.
+    common::eventually("six calls counted", || {
+        let caller = caller.clone();
+        async move {
+            matches!(caller.function_status("fire").await,
+                Ok(s) if s.calls == 6 && s.errors == 0 && s.waiting == 0)
+        }
+    })
+    .await;
 }
 
 /// `create_function`'s limit on a worker's calls is checked.
