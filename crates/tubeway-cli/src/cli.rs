@@ -66,6 +66,8 @@ Examples:
   tubeway server --listen tcp://0.0.0.0:33333 --listen unix:///tmp/tubeway.sock
   tubeway call echo 'hello'
   tubeway call echo --data '{\"n\": 1}' --json
+  tubeway serve upper --command 'tr a-z A-Z' &
+  tubeway call upper 'shout'
   tubeway queue create jobs --capacity 1000
   tubeway offer jobs 'resize image 42' --ttl 1m
   tubeway poll jobs --count 10 --wait 5s
@@ -74,6 +76,37 @@ Examples:
   tubeway publish news 'extra, extra'
   TUBEWAY_URL=unix:///tmp/tubeway.sock tubeway stats
   tubeway bench --quick";
+
+const SUBSCRIBE_ABOUT: &str = "\
+Subscribe to a topic and print each message as it arrives.
+
+Stops after --count messages; without --count, runs until Ctrl-C (exit 0).
+If the broker ends the subscription (the topic was removed, the broker is
+shutting down) the command fails with status 1; if the connection is lost,
+with status 3.";
+
+const SERVE_ABOUT: &str = "\
+Serve a function from this process, as a worker the broker forwards calls
+to, until --count calls are answered, Ctrl-C or SIGTERM. Each call is
+printed as it arrives (as `subscribe` prints messages; --quiet prints
+nothing), and answered with one of:
+
+  TEXT, --file PATH or --data JSON   that payload, for every call
+  --echo                             the request's payload, mimetype and subject
+  --command CMD                      what `sh -c CMD` prints on stdout
+
+A command gets the request's payload on stdin, and TUBEWAY_FUNCTION,
+TUBEWAY_SUBJECT, TUBEWAY_REQUEST_ID and TUBEWAY_MIMETYPE in its environment
+(those the request has). Its output is answered as text/plain UTF-8 when it
+is valid UTF-8, binary otherwise, or as --mimetype. A command that exits
+non-zero, or is killed, answers `handler_error` with the last line of its
+stderr; one still running when its call's timeout passes is killed.
+
+The broker holds calls beyond --max-calls (for --command, 1 by default:
+one command at a time) until an answer makes room, or gives them to
+another worker of the same function. On --count, Ctrl-C or SIGTERM the
+worker stops taking calls and answers those it has before it exits, so
+no call is lost; a second Ctrl-C exits at once.";
 
 /// The `tubeway` command line.
 #[derive(Debug, Parser)]
@@ -137,10 +170,16 @@ answers each request with an empty `ok` (the cheapest call, as measured by
     #[command(subcommand)]
     Function(FunctionCommand),
 
+    /// Serve a function from this process: answer each call with a fixed
+    /// reply, the request itself, or the output of a command.
+    #[command(long_about = SERVE_ABOUT)]
+    Serve(ServeArgs),
+
     /// Publish a message to a topic.
     Publish(PublishArgs),
 
     /// Subscribe to a topic and print each message as it arrives.
+    #[command(long_about = SUBSCRIBE_ABOUT)]
     Subscribe(SubscribeArgs),
 
     /// Show broker statistics: connections, messages, queues, topics, functions.
@@ -213,15 +252,19 @@ pub struct ClientArgs {
 impl ClientArgs {
     /// Connects to the broker.
     pub async fn connect(&self) -> tubeway::Result<AsyncClient> {
-        let options = ClientOptions {
+        AsyncClient::connect_with(&self.url, self.options()).await
+    }
+
+    /// The options of a connection of the command line's.
+    pub fn options(&self) -> ClientOptions {
+        ClientOptions {
             timeout: self.timeout,
             connect_timeout: self.timeout.min(Duration::from_secs(5)),
             // Accept whatever the broker may send; it announces its own limit.
             max_message_size: usize::try_from(MAX_MESSAGE_SIZE_LIMIT).unwrap_or(usize::MAX),
             name: concat!("tubeway-cli/", env!("CARGO_PKG_VERSION")).to_owned(),
             ..ClientOptions::default()
-        };
-        AsyncClient::connect_with(&self.url, options).await
+        }
     }
 }
 
@@ -475,13 +518,6 @@ pub struct PublishArgs {
 
 /// `tubeway subscribe`.
 #[derive(Debug, Args)]
-#[command(long_about = "\
-Subscribe to a topic and print each message as it arrives.
-
-Stops after --count messages; without --count, runs until Ctrl-C (exit 0).
-If the broker ends the subscription (the topic was removed, the broker is
-shutting down) the command fails with status 1; if the connection is lost,
-with status 3.")]
 pub struct SubscribeArgs {
     /// The topic.
     #[arg(value_name = "TOPIC")]
@@ -490,6 +526,43 @@ pub struct SubscribeArgs {
     /// Stop after this many messages.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub count: Option<u64>,
+
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// `tubeway serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The function to serve.
+    #[arg(value_name = "FUNCTION")]
+    pub function: String,
+
+    #[command(flatten)]
+    pub reply: PayloadArgs,
+
+    /// Answer each call with its own payload, mimetype and subject.
+    #[arg(long, conflicts_with_all = ["text", "file", "data", "command", "mimetype"])]
+    pub echo: bool,
+
+    /// Answer each call with the output of this shell command (`sh -c CMD`),
+    /// given the request's payload on stdin.
+    #[arg(long, value_name = "CMD", conflicts_with_all = ["text", "file", "data"])]
+    pub command: Option<String>,
+
+    /// The most calls this worker runs at once; the broker holds the rest
+    /// (default: 1 with --command, no limit otherwise).
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_calls: Option<u64>,
+
+    /// Stop after answering this many calls (and those that came meanwhile).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub count: Option<u64>,
+
+    /// Print nothing for each call.
+    #[arg(long)]
+    pub quiet: bool,
 
     #[command(flatten)]
     pub client: ClientArgs,

@@ -11,6 +11,7 @@ mod output;
 mod poll;
 mod publish;
 mod queue;
+mod serve;
 mod server;
 mod stats;
 mod subscribe;
@@ -57,6 +58,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Poll(args) => poll::run(args).await,
         Command::Topic(cmd) => topic::run(cmd).await,
         Command::Function(cmd) => function::run(cmd).await,
+        Command::Serve(args) => serve::run(args).await,
         Command::Publish(args) => publish::run(args).await,
         Command::Subscribe(args) => subscribe::run(args).await,
         Command::Stats(args) => stats::run(args).await,

@@ -2,7 +2,9 @@
 
 mod common;
 
-use common::{entry, Server};
+use std::time::{Duration, Instant};
+
+use common::{entry, Proc, Server};
 
 #[test]
 fn call_echo_with_text_prints_the_text() {
@@ -144,4 +146,156 @@ fn function_status_list_remove() {
     assert!(out.fails_with(1).starts_with("error: function_not_found: "));
     let out = server.run(&["call", "echo", "x"]);
     assert!(out.fails_with(1).starts_with("error: function_not_found: "));
+}
+
+/// Starts `serve FUNCTION ...` and waits until the broker has its worker.
+fn worker(server: &Server, function: &str, args: &[&str]) -> Proc {
+    let mut all = vec!["serve", function];
+    all.extend_from_slice(args);
+    let proc = Proc::spawn(&mut server.cmd(&all));
+    server.wait_for_stats(&format!("a worker of {function}"), |s| {
+        s["functions"].as_array().is_some_and(|fs| {
+            fs.iter()
+                .any(|f| f["name"] == function && f["workers"] == 1)
+        })
+    });
+    proc
+}
+
+/// Waits (bounded) until `path` exists: what a command made when it ran.
+fn wait_for_file(path: &std::path::Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn serve_answers_with_a_fixed_reply_or_the_request() {
+    let server = Server::start();
+    let fixed = worker(&server, "pong", &["pong!", "--count", "2"]);
+    assert_eq!(server.run(&["call", "pong", "ping 1"]).ok(), "pong!\n");
+    assert_eq!(server.run(&["call", "pong", "ping 2"]).ok(), "pong!\n");
+    // It prints each call, and stops after --count.
+    let out = fixed.finish(Duration::from_secs(20));
+    assert_eq!(out.ok(), "ping 1\nping 2\n");
+
+    let echo = worker(&server, "mirror", &["--echo", "--quiet"]);
+    let out = server.run(&[
+        "call",
+        "mirror",
+        "--data",
+        r#"{"n":1}"#,
+        "--subject",
+        "s",
+        "--json",
+    ]);
+    let m = &out.json_lines()[0];
+    assert_eq!(m["payload"], serde_json::json!({"n": 1}));
+    assert_eq!(m["subject"], "s");
+    echo.terminate();
+    assert_eq!(echo.finish(Duration::from_secs(20)).ok(), "");
+    let out = server.run(&["call", "mirror", "x"]);
+    assert!(out.fails_with(1).starts_with("error: function_not_found: "));
+}
+
+#[test]
+fn serve_command_gets_the_request_on_stdin_and_in_its_environment() {
+    let server = Server::start();
+    let _w = worker(
+        &server,
+        "shout",
+        &[
+            "--command",
+            r#"printf '%s|%s|%s|' "$TUBEWAY_FUNCTION" "$TUBEWAY_SUBJECT" "$TUBEWAY_REQUEST_ID"; tr a-z A-Z"#,
+        ],
+    );
+    let out = server.run(&[
+        "call",
+        "shout",
+        "hello",
+        "--subject",
+        "greeting",
+        "--request-id",
+        "r-1",
+        "--json",
+    ]);
+    let m = &out.json_lines()[0];
+    assert_eq!(m["payload"], "shout|greeting|r-1|HELLO");
+    assert_eq!(m["payload_mimetype"], "text/plain");
+    // A command that fails is the caller's handler_error, with its reason.
+    let _f = worker(
+        &server,
+        "broken",
+        &[
+            "--command",
+            "echo 'warming up' >&2; echo 'no such file: x' >&2; exit 4",
+        ],
+    );
+    let out = server.run(&["call", "broken", "x"]);
+    assert_eq!(
+        out.fails_with(1),
+        "error: handler_error: the command exited with status 4: no such file: x\n"
+    );
+}
+
+/// A command runs one call at a time unless told otherwise: the broker
+/// holds the others. Stopped, the worker answers the call it runs before
+/// it exits, so none is lost.
+#[test]
+fn serve_command_runs_one_call_at_a_time_and_stops_without_losing_one() {
+    let server = Server::start();
+    let dir = server.dir.path();
+    let (started, go) = (dir.join("started"), dir.join("go"));
+    let command = format!(
+        "touch {started}; while [ ! -e {go} ]; do sleep 0.01; done; cat",
+        started = started.display(),
+        go = go.display()
+    );
+    let w = worker(&server, "gated", &["--command", &command]);
+    let first = Proc::spawn(&mut server.cmd(&["call", "gated", "one"]));
+    wait_for_file(&started);
+    let second = Proc::spawn(&mut server.cmd(&["call", "gated", "two"]));
+    server.wait_for_stats("the second call waiting at the broker", |s| {
+        entry(s, "functions", "gated")["waiting"] == 1
+    });
+    // Stopped while it runs the first, it leaves the broker: the second,
+    // which no worker is left to take, fails; the first is answered.
+    w.terminate();
+    let out = second.finish(Duration::from_secs(20));
+    assert!(
+        out.fails_with(1).starts_with("error: function_not_found: "),
+        "{}",
+        out.stderr
+    );
+    std::fs::write(&go, b"").expect("write go");
+    assert_eq!(first.finish(Duration::from_secs(20)).ok(), "one\n");
+    assert_eq!(w.finish(Duration::from_secs(20)).ok(), "one\n");
+}
+
+#[test]
+fn serve_needs_something_to_answer_with() {
+    let server = Server::start();
+    let out = server.run(&["serve", "f"]);
+    assert!(out.fails_with(2).contains("say what to answer with"));
+    let out = server.run(&["serve", "f", "--echo", "x"]);
+    out.fails_with(2);
+}
+
+#[test]
+fn serve_fails_when_the_broker_goes_away() {
+    let server = Server::start();
+    let w = worker(&server, "f", &["--echo"]);
+    server.proc.terminate();
+    let out = w.finish(Duration::from_secs(20));
+    assert!(
+        out.fails_with(3).contains("stopped serving \"f\""),
+        "{}",
+        out.stderr
+    );
 }

@@ -1097,6 +1097,11 @@ impl Conn {
         self.lock().closed.is_some()
     }
 
+    /// Completes once the connection is closed.
+    pub(crate) fn stopped(&self) -> WaitForCancellationFutureOwned {
+        self.stop.clone().cancelled_owned()
+    }
+
     /// The error for a call on a closed connection.
     pub(crate) fn closed_error(&self) -> Error {
         let reason = self.lock().closed.clone();

@@ -240,6 +240,13 @@ impl AsyncClient {
         self.conn().is_closed()
     }
 
+    /// Completes once the connection is closed, by either end or because
+    /// it was lost: for a program that only serves functions, which makes
+    /// no call that would fail to tell it the broker is gone.
+    pub async fn closed(&self) {
+        self.conn().stopped().await;
+    }
+
     /// Closes the connection gracefully: calls in flight fail with
     /// [`Error::ConnectionClosed`], messages already queued (oneway sends)
     /// are written, then the stream is shut down.
