@@ -271,15 +271,15 @@ impl ClientArgs {
 /// The payload of a message: `[TEXT] | --file PATH | --data JSON`.
 #[derive(Debug, Clone, Args)]
 pub struct PayloadArgs {
-    /// Text payload, sent as text/plain UTF-8.
+    /// Text payload, as text/plain UTF-8.
     #[arg(value_name = "TEXT", conflicts_with_all = ["file", "data"])]
     pub text: Option<String>,
 
-    /// Send the bytes of this file as a binary payload (application/octet-stream).
+    /// The bytes of this file as a binary payload (application/octet-stream).
     #[arg(long, value_name = "PATH", conflicts_with = "data")]
     pub file: Option<PathBuf>,
 
-    /// Send structured data: a JSON document, sent as application/json.
+    /// Structured data: a JSON document, as application/json.
     #[arg(long, value_name = "JSON")]
     pub data: Option<String>,
 
