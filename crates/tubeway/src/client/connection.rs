@@ -1021,7 +1021,7 @@ impl Conn {
 
     /// Spawns `task` on the connection's runtime, kept running until the
     /// task is done.
-    fn spawn_kept(&self, task: impl Future<Output = ()> + Send + 'static) {
+    pub(crate) fn spawn_kept(&self, task: impl Future<Output = ()> + Send + 'static) {
         let kept = self.keep_running.get().and_then(|keep| keep());
         drop(self.runtime.spawn(async move {
             let _kept = kept;
@@ -1073,6 +1073,11 @@ impl Conn {
         }
         s.workers.insert(id, dispatch);
         Ok(())
+    }
+
+    /// Whether requests for `id` are still routed to its handler.
+    pub(crate) fn has_worker(&self, id: Uuid) -> bool {
+        self.lock().workers.contains_key(&id)
     }
 
     /// Stops routing requests for `id`; whether the registration was still active.

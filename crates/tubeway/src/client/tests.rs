@@ -784,10 +784,36 @@ async fn async_worker_and_dropped_worker() {
         assert_eq!(r.text_payload().unwrap(), answer);
     }
 
+    // Dropped, it asks the broker to remove it and serves the calls that
+    // come until the broker confirms: those are answered, not refused.
     drop(worker);
     let remove = peer.recv().await;
     assert_eq!(remove.r#type, MessageType::RemoveFunction);
-    assert!(remove.oneway);
+    assert_eq!(remove.correlation_id, Some(create.id));
+    assert!(!remove.oneway);
+    let mut req = Message::plain_text("still");
+    req.correlation_id = Some(create.id);
+    peer.send(&req).await;
+    let r = peer.recv().await;
+    assert_eq!(r.correlation_id, Some(req.id));
+    assert_eq!(r.text_payload().unwrap(), "5");
+    // Once it has, a call is refused.
+    peer.answer(&remove, ResponseStatus::Ok).await;
+    let refused = within(async {
+        loop {
+            let mut req = Message::plain_text("late");
+            req.correlation_id = Some(create.id);
+            peer.send(&req).await;
+            let r = peer.recv().await;
+            if r.response_status == Some(ResponseStatus::FunctionNotFound) {
+                break r;
+            }
+            assert_eq!(r.text_payload().unwrap(), "4");
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(refused.text_payload().unwrap().contains("no longer serves"));
 }
 
 /// Subscribes `client` to `topic` and returns the subscribe message the broker saw.

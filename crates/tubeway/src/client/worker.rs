@@ -19,9 +19,10 @@ pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
 /// A function this connection serves, from [`AsyncClient::serve`].
 ///
 /// Calls run concurrently (see [`AsyncClient::serve`] and
-/// [`AsyncClient::serve_async`]). Dropping the worker stops
-/// serving best-effort (a oneway `remove_function`); [`Worker::stop`] waits
-/// for the broker to confirm.
+/// [`AsyncClient::serve_async`]). Dropping the worker stops serving as
+/// [`Worker::stop`] does, without waiting: it asks the broker to remove
+/// it and goes on answering the calls that come until the broker confirms;
+/// [`Worker::stop`] waits for that.
 #[must_use = "dropping a Worker stops serving the function"]
 #[derive(Debug)]
 pub struct Worker {
@@ -73,13 +74,24 @@ impl Worker {
 impl Drop for Worker {
     fn drop(&mut self) {
         let conn = self.client.conn();
-        if self.active && conn.remove_worker(self.id) {
-            // Calls the broker sends before it processes this are refused
-            // with function_not_found by the reader, so none goes unanswered.
-            let mut msg = self.remove_message();
-            msg.oneway = true;
-            if let Ok(frame) = conn.encode(&msg) {
-                conn.send_soon(frame);
+        if !self.active || !conn.has_worker(self.id) {
+            return;
+        }
+        // Served until the broker confirms, as `stop` does: the calls it
+        // forwards before it reads the removal are answered, not refused,
+        // though another worker may serve the function. The removal is
+        // written from here; only its answer is awaited by a task.
+        match self.client.launch(self.remove_message()) {
+            Ok(removal) => {
+                let (id, client) = (self.id, self.client.clone());
+                conn.spawn_kept(async move {
+                    let _ = removal.reply().await;
+                    client.conn().remove_worker(id);
+                });
+            }
+            // The connection is closing: nothing more is forwarded.
+            Err(_) => {
+                conn.remove_worker(self.id);
             }
         }
     }
