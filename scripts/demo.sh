@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the tubeway binary and shows it working: a broker on a free port,
-# then functions, queues, topics and statistics from the command line.
+# then functions (and a worker), queues, topics and statistics from the
+# command line.
 #
 #   bash scripts/demo.sh
 #
@@ -19,14 +20,18 @@ BIN="${CARGO_TARGET_DIR:-$PWD/target}/release/tubeway"
 work="$(mktemp -d "${TMPDIR:-/tmp}/tubeway-demo.XXXXXX")"
 server_pid=""
 subscriber_pid=""
+worker_pid=""
 
 cleanup() {
     local status=$?
     trap - EXIT INT TERM
-    if [ -n "$subscriber_pid" ] && kill -0 "$subscriber_pid" 2>/dev/null; then
-        kill -TERM "$subscriber_pid" 2>/dev/null || true
-        wait "$subscriber_pid" 2>/dev/null || true
-    fi
+    local pid
+    for pid in "$subscriber_pid" "$worker_pid"; do
+        if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+            kill -TERM "$pid" 2>/dev/null || true
+            wait "$pid" 2>/dev/null || true
+        fi
+    done
     if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
         kill -TERM "$server_pid" 2>/dev/null || true
         # Graceful shutdown takes at most a few seconds; then force it.
@@ -104,6 +109,24 @@ tubeway call echo --data '{"order": 42, "items": ["tea", "cake"]}' --json
 
 step "the same call over shared memory: only the URL changes"
 tubeway call echo 'Hello over shared memory!' --url "$SHM_URL"
+
+step "a function served by another process: a worker from the shell"
+printf "\n\$ tubeway serve upper --command 'tr a-z A-Z' --count 1 &\n"
+"$BIN" serve upper --command 'tr a-z A-Z' --count 1 >"$work/worker.out" 2>"$work/worker.err" &
+worker_pid=$!
+serving() { "$BIN" function status upper --json 2>/dev/null | grep -q '"workers":1[,}]'; }
+wait_until 20 serving
+tubeway call upper 'shout, please'
+wait_until 20 exited "$worker_pid"
+if ! wait "$worker_pid"; then
+    worker_pid=""
+    echo "demo: the worker failed:" >&2
+    cat "$work/worker.err" >&2
+    exit 1
+fi
+worker_pid=""
+echo "(the worker printed the call it answered:)"
+cat "$work/worker.out"
 
 step "queues: offer three messages, poll them back in order"
 tubeway queue create jobs --capacity 100
