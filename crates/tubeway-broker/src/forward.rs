@@ -20,8 +20,8 @@ use tubeway_proto::{Message, ResponseStatus};
 use uuid::Uuid;
 
 use crate::broker::{no_answer_within, BrokerError};
-use crate::function::Function;
-use crate::session::{ReplyTo, SessionShared};
+use crate::function::{Function, Pick};
+use crate::session::{Forward, ReplyTo, SessionShared};
 
 /// A worker connection's calls in flight, by the id of the forwarded request.
 #[derive(Debug, Default)]
@@ -69,6 +69,30 @@ pub(crate) struct Route {
     pub expires: Option<(Instant, Duration)>,
     /// The caller's slot among its requests in flight, free once answered.
     pub _permit: OwnedSemaphorePermit,
+    /// The request as forwarded, kept while its payload is small (up to
+    /// [`KEPT_FOR_RETRY`]), to give to another worker if this one refuses
+    /// it: a refused call has not run, so giving it again runs it once.
+    pub request: Option<Box<Message>>,
+    /// How many more times the call may be given to another worker.
+    pub retries: u8,
+}
+
+/// The largest payload of a forwarded request kept for another worker: a
+/// larger one is freed once written, as it was before, rather than held
+/// until the answer.
+pub(crate) const KEPT_FOR_RETRY: usize = 64 * 1024;
+
+/// How many times a call refused by its worker is given to another.
+pub(crate) const RETRIES: u8 = 3;
+
+/// Whether a worker's answer refuses the call without having run it:
+/// `unavailable` (it has no room) or `function_not_found` (it no longer
+/// serves the function, and the broker sent the call before it knew).
+fn refused(resp: &Message) -> bool {
+    matches!(
+        resp.response_status,
+        Some(ResponseStatus::Unavailable | ResponseStatus::FunctionNotFound)
+    )
 }
 
 impl WorkerCalls {
@@ -201,13 +225,62 @@ impl Route {
     /// Answers the caller with the worker's response, changed in place
     /// and sent from where the reader put it: a message moved is copied
     /// whole.
-    pub fn answered(self, mut resp: Box<Message>) {
+    /// A call that worker connection `from` refused goes to another worker
+    /// with room instead, if there is one (see [`Route::request`]).
+    pub fn answered(self, resp: Box<Message>, from: u64) {
+        let route = if refused(&resp) {
+            match self.retry(from) {
+                Some(route) => route,
+                None => return,
+            }
+        } else {
+            self
+        };
+        route.answer(resp);
+    }
+
+    fn answer(self, mut resp: Box<Message>) {
         readdress(&mut resp, &self.to);
         self.function
             .count(resp.response_status != Some(ResponseStatus::Ok));
         if !self.to.oneway {
             self.caller.send_answer_now(&resp);
         }
+    }
+
+    /// Gives the call to a worker other than connection `from`'s, which
+    /// refused it; back if it cannot go (no request kept, no retries left,
+    /// its deadline passed, or no other worker with room).
+    fn retry(mut self, from: u64) -> Option<Route> {
+        let expired = self.expires.is_some_and(|(at, _)| at <= Instant::now());
+        if self.retries == 0 || expired {
+            return Some(self);
+        }
+        let Some(mut m) = self.request.take() else {
+            return Some(self);
+        };
+        let Pick::Worker(worker) = self.function.pick_worker_except(self.to.oneway, from) else {
+            self.request = Some(m);
+            return Some(self);
+        };
+        if let Some((at, _)) = self.expires {
+            // The worker has what is left of the timeout.
+            let left = at.saturating_duration_since(Instant::now());
+            m.timeout = Some(left.max(Duration::from_millis(1)));
+        }
+        let caller = self.caller.clone();
+        caller.forward_to(
+            worker,
+            Forward {
+                f: self.function,
+                to: self.to,
+                m,
+                permit: self._permit,
+                expires: self.expires,
+                retries: self.retries - 1,
+            },
+        );
+        None
     }
 
     /// Fails the call with `e`.
@@ -282,7 +355,16 @@ mod tests {
     use crate::{Broker, BrokerConfig};
 
     fn route(caller: &Arc<SessionShared>, function: &Arc<Function>) -> Reply {
-        Reply::Route(Route {
+        Reply::Route(kept_route(caller, function, None, 0))
+    }
+
+    fn kept_route(
+        caller: &Arc<SessionShared>,
+        function: &Arc<Function>,
+        request: Option<Message>,
+        retries: u8,
+    ) -> Route {
+        Route {
             caller: caller.clone(),
             to: ReplyTo {
                 id: Uuid::new_v4(),
@@ -292,7 +374,63 @@ mod tests {
             function: function.clone(),
             expires: None,
             _permit: Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),
-        })
+            request: request.map(Box::new),
+            retries,
+        }
+    }
+
+    fn answer(status: ResponseStatus) -> Box<Message> {
+        let mut m = Message::new(tubeway_proto::MessageType::Response);
+        m.response_status = Some(status);
+        Box::new(m)
+    }
+
+    /// The route of the one call in `worker`'s table.
+    fn only_route(worker: &SessionShared) -> Route {
+        let mut calls = worker.worker_calls().take_all();
+        assert_eq!(calls.len(), 1);
+        match calls.pop() {
+            Some(Reply::Route(r)) => r,
+            _ => panic!("not a route"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_call_goes_to_another_worker_while_it_may() {
+        let broker = Broker::new(BrokerConfig::default());
+        let (w1, _l1) = session(&broker, 1).await;
+        let (w2, _l2) = session(&broker, 2).await;
+        let (caller, _l3) = session(&broker, 3).await;
+        let f = Arc::new(Function::remote("f".into()));
+        for w in [&w1, &w2] {
+            f.add_worker(crate::function::WorkerRef {
+                registration: Uuid::new_v4(),
+                session: w.clone(),
+                max_calls: None,
+            });
+        }
+        let request = Some(Message::plain_text("x"));
+        // Refused by 1 as a function it no longer serves: given to 2.
+        kept_route(&caller, &f, request.clone(), 1)
+            .answered(answer(ResponseStatus::FunctionNotFound), 1);
+        assert_eq!((w1.owed_calls(), w2.owed_calls()), (0, 1));
+        let again = only_route(&w2);
+        assert_eq!(again.retries, 0);
+        assert_eq!(
+            again.request.as_ref().map(|m| m.payload.clone()),
+            request.as_ref().map(|m| m.payload.clone())
+        );
+        // Refused again with no retries left: answered, not given to 1.
+        again.answered(answer(ResponseStatus::Unavailable), 2);
+        assert!(w1.worker_calls().is_empty());
+        assert_eq!(w1.owed_calls(), 0);
+        // Nor without its request (a large one is not kept), nor for an
+        // answer that is not a refusal.
+        kept_route(&caller, &f, None, 3).answered(answer(ResponseStatus::Unavailable), 2);
+        kept_route(&caller, &f, request, 3).answered(answer(ResponseStatus::HandlerError), 2);
+        assert!(w1.worker_calls().is_empty());
+        let s = f.status();
+        assert_eq!((s.calls, s.errors), (3, 3));
     }
 
     #[tokio::test]

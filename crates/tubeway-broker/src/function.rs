@@ -389,12 +389,24 @@ impl Function {
     /// (see [`counts`]): picks for other functions of its connection, made
     /// meanwhile, see it.
     pub(crate) fn pick_worker(&self, oneway: bool) -> Pick {
-        self.pick(true, |w| counts(oneway, w))
+        self.pick(true, None, |w| counts(oneway, w))
+    }
+
+    /// [`pick_worker`](Self::pick_worker) of a worker other than those of
+    /// connection `conn`, for a call that one refused.
+    pub(crate) fn pick_worker_except(&self, oneway: bool, conn: u64) -> Pick {
+        self.pick(true, Some(conn), |w| counts(oneway, w))
     }
 
     /// [`pick_worker`](Self::pick_worker); `in_turn`: behind calls that
-    /// wait; `counted`: whether the call counts against the worker picked.
-    fn pick(&self, in_turn: bool, counted: impl Fn(&WorkerRef) -> bool) -> Pick {
+    /// wait; `except`: a connection whose workers are passed over;
+    /// `counted`: whether the call counts against the worker picked.
+    fn pick(
+        &self,
+        in_turn: bool,
+        except: Option<u64>,
+        counted: impl Fn(&WorkerRef) -> bool,
+    ) -> Pick {
         let ws = lock(&self.workers);
         let n = ws.len();
         if n == 0 {
@@ -406,7 +418,7 @@ impl Function {
         // Another function's pick may take the room between the look and
         // the count (this function's hold the lock): look again.
         for _ in 0..=n {
-            match self.pick_from(&ws) {
+            match self.pick_from(&ws, except) {
                 Some(w) if !counted(w) || w.session.owe_call(w.max_calls) => {
                     return Pick::Worker(w.clone());
                 }
@@ -417,12 +429,16 @@ impl Function {
         Pick::Full
     }
 
-    /// The worker with room that `ws` offers a call, if any.
-    fn pick_from<'w>(&self, ws: &'w [WorkerRef]) -> Option<&'w WorkerRef> {
+    /// The worker with room that `ws` offers a call, if any, other than
+    /// those of connection `except`.
+    fn pick_from<'w>(&self, ws: &'w [WorkerRef], except: Option<u64>) -> Option<&'w WorkerRef> {
         let n = ws.len();
         let turn = self.next.fetch_add(1, Ordering::Relaxed);
         let first = turn % n;
-        let load = |i: usize| ws.get(i).map_or(usize::MAX, WorkerRef::load);
+        let load = |i: usize| match ws.get(i) {
+            Some(w) if except != Some(w.session.id) => w.load(),
+            _ => usize::MAX,
+        };
         let least_of_all = || {
             (0..n)
                 .map(|k| (first + k) % n)
@@ -443,7 +459,7 @@ impl Function {
                 _ => first,
             }
         };
-        ws.get(best).filter(|w| w.load() != usize::MAX)
+        ws.get(best).filter(|_| load(best) != usize::MAX)
     }
 
     /// Waits, in turn with other calls that wait, for a worker with room
@@ -472,7 +488,7 @@ impl Function {
             if self.is_retired() {
                 return Err(Unplaced::NoWorkers);
             }
-            match self.pick(false, |w| counts(oneway, w)) {
+            match self.pick(false, None, |w| counts(oneway, w)) {
                 Pick::Worker(w) => return Ok(w),
                 Pick::NoWorkers => return Err(Unplaced::NoWorkers),
                 Pick::Full => {}
@@ -692,7 +708,7 @@ mod tests {
 
     /// The worker a call would go to, not counted against it.
     fn picked(f: &Function) -> Option<u64> {
-        match f.pick(true, |_| false) {
+        match f.pick(true, None, |_| false) {
             Pick::Worker(w) => Some(w.session.id),
             Pick::Full => None,
             Pick::NoWorkers => panic!("no workers"),

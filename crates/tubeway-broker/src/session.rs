@@ -297,10 +297,16 @@ impl SessionShared {
     /// Sends `msg` if that needs no waiting, from code that cannot wait;
     /// with whatever else is queued when `batch`.
     pub(crate) fn send_now(&self, msg: &Message, batch: bool) -> SendNow {
+        self.send_encoded_now(self.encode_out(msg), batch)
+    }
+
+    /// [`send_now`](Self::send_now) of a message encoded already
+    /// ([`encode_out`](Self::encode_out)).
+    fn send_encoded_now(&self, frame: Option<EncodedFrame>, batch: bool) -> SendNow {
         if self.is_gone.load(Ordering::Acquire) {
             return SendNow::Gone;
         }
-        let Some(frame) = self.encode_out(msg) else {
+        let Some(frame) = frame else {
             return SendNow::Sent;
         };
         let out = &self.inner.counters.messages_out;
@@ -465,15 +471,16 @@ impl SessionShared {
 
     /// Forwards a client's call to `worker` (see [`Session::forward`]);
     /// true when a task was spawned to finish the write.
-    fn forward_to(self: &Arc<Self>, worker: WorkerRef, call: Forward) -> bool {
+    pub(crate) fn forward_to(self: &Arc<Self>, worker: WorkerRef, call: Forward) -> bool {
         let Forward {
             f,
             to,
             m,
             permit,
             expires,
+            retries,
         } = call;
-        let mut fwd = *m;
+        let mut fwd = m;
         fwd.id = Uuid::new_v4();
         fwd.correlation_id = Some(worker.registration);
         let fwd_id = fwd.id;
@@ -482,6 +489,8 @@ impl SessionShared {
         // Asked for an answer, dropped by the route, if it counts.
         fwd.oneway = !answered;
         let w = worker.session;
+        // Encoded first: the route keeps the request itself.
+        let frame = w.encode_out(&fwd);
         // A call that counts against its worker gives its reply address
         // and its slot to its route, until answered; a oneway one that does
         // not keeps them, the slot while its request waits for room.
@@ -494,6 +503,8 @@ impl SessionShared {
                 function: f.clone(),
                 expires,
                 _permit: permit,
+                request: (fwd.payload.len() <= forward::KEPT_FOR_RETRY).then_some(fwd),
+                retries,
             };
             w.await_worker(fwd_id, Reply::Route(route), limited);
             None
@@ -501,7 +512,7 @@ impl SessionShared {
         // A call with an answer is counted when that comes; a oneway one
         // once it is sent. Calls pipelined by their caller reach the worker
         // together, as their answers go back.
-        match w.send_now(&fwd, self.pipelined()) {
+        match w.send_encoded_now(frame, self.pipelined()) {
             SendNow::Sent if oneway.is_some() => f.count(false),
             SendNow::Sent => {}
             SendNow::Full(frame) => {
@@ -602,7 +613,7 @@ impl SessionShared {
             Some(Reply::Waiter(tx)) => {
                 let _ = tx.send(*resp);
             }
-            Some(Reply::Route(route)) => route.answered(resp),
+            Some(Reply::Route(route)) => route.answered(resp, self.id),
             // The call timed out or its caller left; nothing to do.
             None => tracing::debug!(peer = %self.peer, "response to no pending call"),
         }
@@ -1245,6 +1256,7 @@ impl Session {
             m,
             permit,
             expires,
+            retries: forward::RETRIES,
         };
         match call.f.pick_worker(call.to.oneway) {
             Pick::Worker(worker) => {
@@ -1580,14 +1592,16 @@ impl Session {
 }
 
 /// A client's call on its way to a worker.
-struct Forward {
-    f: Arc<Function>,
-    to: ReplyTo,
-    m: Box<Message>,
+pub(crate) struct Forward {
+    pub f: Arc<Function>,
+    pub to: ReplyTo,
+    pub m: Box<Message>,
     /// The caller's in-flight slot, held until the call is answered.
-    permit: OwnedSemaphorePermit,
+    pub permit: OwnedSemaphorePermit,
     /// When the call times out, and its timeout.
-    expires: Option<(Instant, Duration)>,
+    pub expires: Option<(Instant, Duration)>,
+    /// How many more times the call may go to another worker if refused.
+    pub retries: u8,
 }
 
 /// A call whose request could not reach worker `w` fails: a oneway one

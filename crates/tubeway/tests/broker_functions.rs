@@ -53,6 +53,7 @@ crate::transport_tests! {
     calls_wait_at_the_broker_for_a_worker_with_room,
     a_limit_counts_the_calls_it_was_declared_for,
     oneway_calls_beyond_a_workers_threads_wait_and_all_run,
+    a_call_a_worker_refuses_goes_to_another,
     a_worker_limit_must_be_a_count_of_calls,
     blocking_oneway_calls_are_flushed_when_the_client_drops,
 }
@@ -1332,19 +1333,19 @@ fn threads(h: &Harness, n: usize) -> tubeway::ClientOptions {
     }
 }
 
-/// Serves `name` with a synchronous handler on a connection of `options`:
-/// each call reports that it started, then waits at the gate before it
-/// answers with its request.
-async fn gated_worker(
-    h: &Harness,
-    options: tubeway::ClientOptions,
-    name: &str,
-) -> (
+/// A worker's connection, the worker, word of each call it starts, and the
+/// gate its calls wait at.
+type GatedWorker = (
     tubeway::AsyncClient,
     tubeway::Worker,
     mpsc::UnboundedReceiver<()>,
     Arc<Gate>,
-) {
+);
+
+/// Serves `name` with a synchronous handler on a connection of `options`:
+/// each call reports that it started, then waits at the gate before it
+/// answers with its request.
+async fn gated_worker(h: &Harness, options: tubeway::ClientOptions, name: &str) -> GatedWorker {
     let client = h.client_with(options).await;
     let (started_tx, started) = mpsc::unbounded_channel();
     let gate = Arc::new(Gate::default());
@@ -1359,16 +1360,22 @@ async fn gated_worker(
     (client, worker, started, gate)
 }
 
+/// [`gated_worker`] on a connection that runs `n` calls at once but
+/// declares ten to the broker: calls beyond its threads reach it, and it
+/// refuses them `unavailable`.
+async fn overcommitted_worker(h: &Harness, n: usize, name: &str) -> GatedWorker {
+    let options = tubeway::ClientOptions {
+        max_worker_calls: Some(10),
+        ..threads(h, n)
+    };
+    gated_worker(h, options, name).await
+}
+
 /// A worker runs at most `max_blocking_calls` calls of its synchronous
 /// handlers at once and answers a call beyond them `unavailable` at once,
 /// so calls to a handler that hangs cannot pile up without bound.
 async fn a_worker_refuses_calls_beyond_its_blocking_limit(h: &Harness) {
-    // Declared to the broker as more than it runs: calls reach it.
-    let options = tubeway::ClientOptions {
-        max_worker_calls: Some(10),
-        ..threads(h, 2)
-    };
-    let (_worker_client, _w, mut started, release) = gated_worker(h, options, "held").await;
+    let (_worker_client, _w, mut started, release) = overcommitted_worker(h, 2, "held").await;
     let c = h.client().await;
     let caller = c.clone();
     let running = tokio::spawn(async move {
@@ -1686,6 +1693,35 @@ async fn oneway_calls_beyond_a_workers_threads_wait_and_all_run(h: &Harness) {
         }
     })
     .await;
+}
+
+/// A call its worker refuses without running it goes to another worker
+/// with room, not back to its caller as `unavailable`.
+async fn a_call_a_worker_refuses_goes_to_another(h: &Harness) {
+    // It refuses a second call while it runs one.
+    let (_sync_client, _s, mut started, gate) = overcommitted_worker(h, 1, "f").await;
+    let other = h.client().await;
+    let (_a, mut other_started, release) = held_async_worker(&other, "f").await;
+    let caller = h.client().await;
+    // Whichever worker each goes to first, one runs on the synchronous
+    // worker and two on the other.
+    let mut calls = spawn_calls(&caller, "f", &["a", "b", "c"]);
+    step(started.recv()).await.unwrap();
+    for _ in 0..2 {
+        step(other_started.recv()).await.unwrap();
+    }
+    // The synchronous worker owes fewer: it is picked, and refuses.
+    calls.extend(spawn_calls(&caller, "f", &["d"]));
+    step(other_started.recv()).await.unwrap();
+    gate.open(1);
+    release.add_permits(3);
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(text(&within(common::STEP, call).await.unwrap().unwrap()));
+    }
+    assert_eq!(answers, ["a", "b", "c", "d"]);
+    let s = step(caller.function_status("f")).await.unwrap();
+    assert_eq!((s.calls, s.errors), (4, 0));
 }
 
 /// `create_function`'s limit on a worker's calls is checked.
