@@ -279,6 +279,31 @@ def test_calls_beyond_max_blocking_calls_wait_at_the_broker(server: tubeway.Serv
             assert sorted([first.result(10).text, second.result(10).text]) == ["a", "b"]
 
 
+def test_oneway_calls_beyond_max_blocking_calls_wait_and_all_run(server: tubeway.Server, client: tubeway.Client) -> None:
+    ran: list[str] = []
+    release = threading.Event()
+
+    def held(m: Message) -> None:
+        ran.append(m.text)
+        release.wait(10)
+
+    with tubeway.Client(server.url, max_blocking_calls=1) as wc:
+        with wc.serve("fire", held):
+            for text in "abcd":
+                client.send_oneway("fire", text)
+            deadline = time.monotonic() + 10
+            # One runs; the others wait at the broker instead of reaching a
+            # worker that could only drop them.
+            while not (ran and client.function_status("fire")["waiting"] == 3):
+                assert time.monotonic() < deadline, (ran, client.function_status("fire"))
+                time.sleep(0.01)
+            release.set()
+            while len(ran) < 4 or client.function_status("fire")["calls"] < 4:
+                assert time.monotonic() < deadline, (ran, client.function_status("fire"))
+                time.sleep(0.01)
+            assert sorted(ran) == ["a", "b", "c", "d"]
+
+
 def test_remove_function(server: tubeway.Server, client: tubeway.Client) -> None:
     server.create_function("echo", echo)
     client.remove_function("echo")
