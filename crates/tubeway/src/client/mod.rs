@@ -59,7 +59,8 @@ pub struct ClientOptions {
     /// [`max_worker_calls`](Self::max_worker_calls) says otherwise), and the
     /// broker holds further calls until one ends. A call beyond them that
     /// reaches the connection all the same is answered `unavailable` at
-    /// once: queued instead, calls to a handler that hangs would pile up
+    /// once (the broker then gives it to another worker with room, if one
+    /// has): queued instead, calls to a handler that hangs would pile up
     /// without bound, since each caller's call times out and it calls again.
     pub max_blocking_calls: usize,
     /// The most calls the broker forwards to this connection at once when
