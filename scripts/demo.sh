@@ -91,6 +91,20 @@ wait_until() {
 # Whether process $1 has ended.
 exited() { ! kill -0 "$1" 2>/dev/null; }
 
+# Waits for the background $1 (pid $2, output in $work/$1.out and .err)
+# to end and shows what it printed; fails if it failed.
+finish_background() {
+    local name=$1 pid=$2
+    wait_until 20 exited "$pid"
+    if ! wait "$pid"; then
+        echo "demo: the $name failed:" >&2
+        cat "$work/$name.err" >&2
+        return 1
+    fi
+    echo "(the $name printed:)"
+    cat "$work/$name.out"
+}
+
 step "starting the broker on a free port"
 SHM_URL="shm://tubeway-demo-$$"
 printf '$ tubeway server --listen tcp://127.0.0.1:0 --listen %s &\n' "$SHM_URL"
@@ -117,16 +131,8 @@ worker_pid=$!
 serving() { "$BIN" function status upper --json 2>/dev/null | grep -q '"workers":1[,}]'; }
 wait_until 20 serving
 tubeway call upper 'shout, please'
-wait_until 20 exited "$worker_pid"
-if ! wait "$worker_pid"; then
-    worker_pid=""
-    echo "demo: the worker failed:" >&2
-    cat "$work/worker.err" >&2
-    exit 1
-fi
+finish_background worker "$worker_pid"
 worker_pid=""
-echo "(the worker printed the call it answered:)"
-cat "$work/worker.out"
 
 step "queues: offer three messages, poll them back in order"
 tubeway queue create jobs --capacity 100
@@ -148,16 +154,8 @@ wait_until 20 subscribed
 tubeway publish news 'first edition'
 tubeway publish news 'second edition'
 
-wait_until 20 exited "$subscriber_pid"
-if ! wait "$subscriber_pid"; then
-    subscriber_pid=""
-    echo "demo: the subscriber failed:" >&2
-    cat "$work/subscriber.err" >&2
-    exit 1
-fi
+finish_background subscriber "$subscriber_pid"
 subscriber_pid=""
-echo "(the subscriber printed:)"
-cat "$work/subscriber.out"
 
 step "statistics"
 tubeway stats

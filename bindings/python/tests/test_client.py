@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -256,7 +257,9 @@ def test_a_worker_refuses_calls_beyond_max_blocking_calls(server: tubeway.Server
             assert client.send("held", "c").text == "c"
 
 
-def test_calls_beyond_max_blocking_calls_wait_at_the_broker(server: tubeway.Server, client: tubeway.Client) -> None:
+def held_handler() -> tuple[list[str], threading.Event, Callable[[Message], str]]:
+    """A handler that notes each call's text, then waits for the event
+    before it answers with the text."""
     started: list[str] = []
     release = threading.Event()
 
@@ -265,6 +268,11 @@ def test_calls_beyond_max_blocking_calls_wait_at_the_broker(server: tubeway.Serv
         release.wait(10)
         return m.text
 
+    return started, release, held
+
+
+def test_calls_beyond_max_blocking_calls_wait_at_the_broker(server: tubeway.Server, client: tubeway.Client) -> None:
+    started, release, held = held_handler()
     with tubeway.Client(server.url, max_blocking_calls=1) as wc:
         with wc.serve("held", held):
             first = client.send_async("held", "a")
@@ -280,13 +288,7 @@ def test_calls_beyond_max_blocking_calls_wait_at_the_broker(server: tubeway.Serv
 
 
 def test_oneway_calls_beyond_max_blocking_calls_wait_and_all_run(server: tubeway.Server, client: tubeway.Client) -> None:
-    ran: list[str] = []
-    release = threading.Event()
-
-    def held(m: Message) -> None:
-        ran.append(m.text)
-        release.wait(10)
-
+    ran, release, held = held_handler()
     with tubeway.Client(server.url, max_blocking_calls=1) as wc:
         with wc.serve("fire", held):
             for text in "abcd":
