@@ -153,14 +153,20 @@ impl WorkerCalls {
     /// goes (none when the call ended otherwise already), and whether the
     /// call was one of a function with a limit.
     pub fn answered(&mut self, id: &Uuid) -> (Option<Reply>, bool) {
-        (self.calls.remove(id), self.limited.remove(id))
+        (self.calls.remove(id), self.forget_limited(id))
+    }
+
+    /// Whether `id` was a limited call, which it no longer is. Most
+    /// workers declare no limit: their answers skip the hash.
+    fn forget_limited(&mut self, id: &Uuid) -> bool {
+        !self.limited.is_empty() && self.limited.remove(id)
     }
 
     /// Takes out the call `id`, whose request never left for the worker;
     /// whether it was one with a limit.
     pub fn unsent(&mut self, id: &Uuid) -> bool {
         self.calls.remove(id);
-        self.limited.remove(id)
+        self.forget_limited(id)
     }
 
     /// Takes every call whose deadline is `now` or earlier, and sets the
