@@ -117,9 +117,11 @@ impl PyClient {
     /// calls until one ends. `max_worker_calls` is the most calls the
     /// broker forwards to this client at once when it serves functions
     /// (default: `max_blocking_calls` for `serve`, no limit for
-    /// `tubeway.aio`'s handlers).
+    /// `tubeway.aio`'s handlers). `handler_spin` is how long, in seconds, a
+    /// thread of `serve`'s that has answered a call polls for the next one
+    /// before it sleeps (default 0: it sleeps at once).
     #[new]
-    #[pyo3(signature = (url, timeout=30.0, *, connect_timeout=5.0, max_message_size=None, name=None, wait="default", max_blocking_calls=None, max_worker_calls=None))]
+    #[pyo3(signature = (url, timeout=30.0, *, connect_timeout=5.0, max_message_size=None, name=None, wait="default", max_blocking_calls=None, max_worker_calls=None, handler_spin=0.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -131,6 +133,7 @@ impl PyClient {
         wait: &str,
         max_blocking_calls: Option<usize>,
         max_worker_calls: Option<usize>,
+        handler_spin: f64,
     ) -> PyResult<Self> {
         let parsed: tubeway::Url = url.parse().map_err(|e: tubeway_transport::UrlError| {
             pyo3::exceptions::PyValueError::new_err(e.to_string())
@@ -151,6 +154,11 @@ impl PyClient {
             options.max_blocking_calls = max;
         }
         options.max_worker_calls = max_worker_calls;
+        options.handler_spin = Duration::try_from_secs_f64(handler_spin).map_err(|_| {
+            pyo3::exceptions::PyValueError::new_err(format!(
+                "handler_spin must be a non-negative number of seconds, not {handler_spin}"
+            ))
+        })?;
         options.name =
             name.unwrap_or_else(|| format!("tubeway-python/{}", env!("CARGO_PKG_VERSION")));
         let timeout = options.timeout;

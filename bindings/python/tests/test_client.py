@@ -257,6 +257,17 @@ def test_a_worker_refuses_calls_beyond_max_blocking_calls(server: tubeway.Server
             assert client.send("held", "c").text == "c"
 
 
+def test_handler_spin_serves_from_a_polling_thread(server: tubeway.Server, client: tubeway.Client) -> None:
+    with pytest.raises(ValueError, match="handler_spin"):
+        tubeway.Client(server.url, handler_spin=-1.0)
+    with tubeway.Client(server.url, handler_spin=1.0) as wc:
+        with wc.serve("where", lambda m: str(threading.get_ident())):
+            threads = {client.send("where", None).text for _ in range(5)}
+    # Calls one after another: each is taken by the thread that answered
+    # the one before.
+    assert len(threads) == 1, threads
+
+
 def held_handler() -> tuple[list[str], threading.Event, Callable[[Message], str]]:
     """A handler that notes each call's text, then waits for the event
     before it answers with the text."""

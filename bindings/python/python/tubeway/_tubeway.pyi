@@ -216,7 +216,10 @@ class Client:
     this client at once when it serves functions (default:
     ``max_blocking_calls`` for ``serve``, no limit for ``tubeway.aio``'s
     handlers); calls beyond wait at the broker for room here or at another
-    worker, until their timeout.
+    worker, until their timeout. ``handler_spin`` is how long a thread of
+    ``serve``'s that has answered a call polls for the next one before it
+    sleeps (default 0.0: it sleeps at once); polling saves a wake-up per
+    call in quick succession, at the price of a CPU kept busy meanwhile.
     """
 
     def __init__(
@@ -230,6 +233,7 @@ class Client:
         wait: str = "default",
         max_blocking_calls: Optional[int] = None,
         max_worker_calls: Optional[int] = None,
+        handler_spin: float = 0.0,
     ) -> None: ...
     @property
     def url(self) -> str: ...

@@ -64,7 +64,7 @@ Modes:
   worker   a function call the broker forwards to a worker connection of this
            process (one per connection), whose async handler answers an empty ok
   worker-sync
-           the same, the worker's handler synchronous (run on the blocking pool)
+           the same, the worker's handler synchronous (run on a handler thread)
   oneway   a oneway call to `ack`: no response; counted once the broker has read it
   queue    an offer, then a poll of that queue by another connection
   publish  a publish to a topic with --subscribers subscribers on their own

@@ -71,8 +71,8 @@ fn shared_runtime() -> Result<&'static Runtime> {
 }
 
 thread_local! {
-    /// Set while this crate runs a synchronous handler on a blocking-pool
-    /// thread, where blocking is allowed although a runtime is current.
+    /// Set while this crate runs a synchronous handler on a thread where
+    /// blocking is allowed although a runtime is current.
     static HANDLER_THREAD: Cell<bool> = const { Cell::new(false) };
 }
 

@@ -28,6 +28,7 @@ use tubeway_proto::{
 use tubeway_transport::{FrameReader, FrameWriter, SpinGroup, Url, WaitStrategy};
 use uuid::Uuid;
 
+use super::handlers::Handlers;
 use super::worker::HandlerError;
 use crate::{Error, Result};
 
@@ -52,7 +53,7 @@ pub(crate) type BlockingHandler =
 pub(crate) enum Dispatch {
     /// On the reader until it waits, then on a task of its own.
     Async(Arc<dyn Fn(Message) -> HandlerRun + Send + Sync>),
-    /// On the blocking pool, whose thread also sends the answer.
+    /// On the connection's handler threads, which also send the answers.
     Blocking(Arc<BlockingHandler>),
     /// On the reader, which hands it a responder to answer with later,
     /// from any thread.
@@ -95,6 +96,8 @@ pub(crate) struct Conn {
     /// Calls of synchronous handlers running, and how many may.
     blocking_calls: AtomicUsize,
     max_blocking_calls: AtomicUsize,
+    /// The threads that run them.
+    handlers: Handlers,
 }
 
 /// Requests whose write waits for room, in line: while it is not empty, a
@@ -292,6 +295,7 @@ pub(crate) async fn establish(
         }),
         blocking_calls: AtomicUsize::new(0),
         max_blocking_calls: AtomicUsize::new(super::DEFAULT_MAX_BLOCKING_CALLS),
+        handlers: Handlers::new(tokio::runtime::Handle::current()),
     });
     let writer = tokio::spawn(write_loop(flusher, Arc::downgrade(&conn)));
     let mut frames = FrameReader::new(stream.reader, max_receive);
@@ -1002,6 +1006,21 @@ impl Conn {
         self.max_blocking_calls.store(max, Ordering::Relaxed);
     }
 
+    /// See [`ClientOptions::handler_spin`](super::ClientOptions::handler_spin).
+    pub(crate) fn set_handler_spin(&self, spin: Duration) {
+        self.handlers.set_spin(spin);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn idle_handler_threads(&self) -> usize {
+        self.handlers.sleeping()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn handler_threads_woken(&self) -> usize {
+        self.handlers.woken()
+    }
+
     /// A place for one more call of a synchronous handler, held until
     /// dropped; none when as many run as may.
     fn blocking_call(self: &Arc<Self>) -> Option<BlockingCall> {
@@ -1184,10 +1203,10 @@ impl Waits {
 /// for every call would be scheduled on another of the runtime's threads
 /// while this one reads, and wake it to run.
 ///
-/// A synchronous handler runs on the blocking pool, and the pool's thread
-/// sends the answer itself: handing it back to a task would wake a thread
-/// of the runtime (the background thread of a blocking client, often
-/// asleep) for every call.
+/// A synchronous handler runs on the connection's handler threads (see
+/// [`Handlers`]), and the handler's thread sends the answer itself: handing
+/// it back to a task would wake a thread of the runtime (the background
+/// thread of a blocking client, often asleep) for every call.
 fn serve_now(conn: Arc<Conn>, dispatch: Dispatch, req: Message) {
     let oneway = req.oneway;
     match dispatch {
@@ -1212,13 +1231,16 @@ fn serve_now(conn: Arc<Conn>, dispatch: Dispatch, req: Message) {
                 return;
             };
             let reply = req.response(ResponseStatus::Ok);
-            drop(tokio::task::spawn_blocking(move || {
+            let pool = conn.clone();
+            pool.handlers.run(Box::new(move |ready| {
                 let outcome =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(req)))
                         .map_err(|_| HandlerFailure::Panicked);
                 // Free before the answer leaves: the broker may forward the
-                // next call as soon as it has the answer.
+                // next call as soon as it has the answer, and this thread
+                // is the one to run it.
                 drop(place);
+                ready.now();
                 send_answer(&conn, reply, oneway, outcome);
             }));
         }

@@ -17,6 +17,7 @@ use crate::{Error, Result};
 
 pub mod blocking;
 mod connection;
+mod handlers;
 mod subscription;
 mod worker;
 
@@ -53,8 +54,8 @@ pub struct ClientOptions {
     /// runtime.
     pub wait: Option<WaitStrategy>,
     /// How many calls of this connection's synchronous handlers
-    /// ([`AsyncClient::serve`]) may run at once (512, as many as tokio's
-    /// blocking pool runs by default). The connection tells the broker so
+    /// ([`AsyncClient::serve`]) may run at once (512), each on a thread of
+    /// its own. The connection tells the broker so
     /// when it serves a function with such a handler (unless
     /// [`max_worker_calls`](Self::max_worker_calls) says otherwise), and the
     /// broker holds further calls until one ends. A call beyond them that
@@ -70,6 +71,16 @@ pub struct ClientOptions {
     /// timeout. `None` (the default): no limit for async handlers, and
     /// [`max_blocking_calls`](Self::max_blocking_calls) for synchronous ones.
     pub max_worker_calls: Option<usize>,
+    /// How long a thread of this connection's synchronous handlers that has
+    /// answered a call polls for the next one before it sleeps. Zero (the
+    /// default): it sleeps at once, and the next call wakes the thread that
+    /// slept last. Polling saves that wake-up (5-50 µs across cores) for
+    /// calls that come in quick succession, at the price of a CPU kept busy
+    /// meanwhile; one thread polls at a time. It pays where cores are to
+    /// spare: on a machine with few, the polling thread takes its CPU from
+    /// the connection's reader and from the broker, and a lone call gets
+    /// slower (see docs/performance.md, "Calls to workers").
+    pub handler_spin: Duration,
 }
 
 /// The default of [`ClientOptions::max_blocking_calls`].
@@ -85,6 +96,7 @@ impl Default for ClientOptions {
             wait: None,
             max_blocking_calls: DEFAULT_MAX_BLOCKING_CALLS,
             max_worker_calls: None,
+            handler_spin: Duration::ZERO,
         }
     }
 }
@@ -186,6 +198,7 @@ impl AsyncClient {
         )
         .await?;
         est.conn.set_max_blocking_calls(options.max_blocking_calls);
+        est.conn.set_handler_spin(options.handler_spin);
         tracing::debug!(%url, server = %est.welcome.server, "connected");
         let client = AsyncClient {
             inner: Arc::new(Inner {
@@ -462,9 +475,11 @@ impl AsyncClient {
 
     /// Serves `function` on this connection with a synchronous handler.
     ///
-    /// Each call runs on tokio's blocking pool, so calls run concurrently and
-    /// a slow handler never stalls the connection; the pool's thread sends
-    /// the answer. At most [`ClientOptions::max_blocking_calls`] run at once
+    /// Each call runs on a thread of the connection's handler threads, so
+    /// calls run concurrently and a slow handler never stalls the
+    /// connection; that thread sends the answer. An idle thread sleeps
+    /// (after polling for [`ClientOptions::handler_spin`]) until a call
+    /// wakes it, the one that went idle last first; one idle for 10 s ends. At most [`ClientOptions::max_blocking_calls`] run at once
     /// (of all this connection's synchronous handlers); a call beyond them
     /// is answered `unavailable`. The returned message's
     /// payload, mimetype, charset and subject form the `ok` response; an

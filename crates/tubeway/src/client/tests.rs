@@ -1,5 +1,6 @@
 //! Client tests against a scripted fake broker on an in-process pipe.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -575,6 +576,58 @@ async fn queue_operations_build_the_contract_messages() {
     r.correlation_id = Some(m.id);
     peer.send(&r).await;
     assert_eq!(within(create).await.unwrap().unwrap(), status);
+}
+
+/// Calls of a synchronous handler one after another run on one thread;
+/// with `handler_spin`, that thread polls for each next call and is never
+/// woken, without it, it sleeps and is woken for each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_thread_takes_the_calls_that_follow_its_answers() {
+    for (spin, polls) in [(Duration::ZERO, false), (Duration::from_secs(30), true)] {
+        let options = ClientOptions {
+            handler_spin: spin,
+            ..ClientOptions::default()
+        };
+        let (client, mut peer) = pair_with(options, 1 << 20).await;
+        let serve = tokio::spawn({
+            let client = client.clone();
+            async move {
+                client
+                    .serve("where", |_| {
+                        Ok(Message::plain_text(format!(
+                            "{:?}",
+                            std::thread::current().id()
+                        )))
+                    })
+                    .await
+            }
+        });
+        let create = peer.recv().await;
+        peer.answer(&create, ResponseStatus::Ok).await;
+        let _worker = within(serve).await.unwrap().unwrap();
+        let mut threads = HashSet::new();
+        for _ in 0..5 {
+            let mut req = Message::plain_text("");
+            req.correlation_id = Some(create.id);
+            peer.send(&req).await;
+            let r = peer.recv().await;
+            assert_eq!(r.status(), ResponseStatus::Ok);
+            threads.insert(r.text_payload().unwrap().into_owned());
+            if !polls {
+                let conn = client.conn_arc();
+                within(async {
+                    while conn.idle_handler_threads() == 0 {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                })
+                .await;
+            }
+        }
+        assert_eq!(threads.len(), 1, "{threads:?}");
+        let woken = client.conn_arc().handler_threads_woken();
+        assert_eq!(woken, if polls { 0 } else { 4 }, "spin {spin:?}");
+        drop(client);
+    }
 }
 
 #[tokio::test]

@@ -5,9 +5,9 @@
 //! `AsyncClient` of the bench process, serving with a handler that answers
 //! an empty `ok`: an async one for `worker`, which runs on the
 //! connection's reader; a synchronous one for `worker-sync`, which runs on
-//! the blocking pool as most programs' handlers do); all serve one
-//! function, which the broker spreads over them. One operation crosses the
-//! broker twice each way.
+//! the connection's handler threads, as most programs' handlers do); all
+//! serve one function, which the broker spreads over them. One operation
+//! crosses the broker twice each way.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -41,7 +41,7 @@ impl Mode for Worker {
 
     fn about(&self) -> &'static str {
         if self.sync {
-            "a function served by a worker connection with a synchronous handler (on the blocking pool): the payload up and on to the worker, an empty ok back the same way"
+            "a function served by a worker connection with a synchronous handler (on a handler thread): the payload up and on to the worker, an empty ok back the same way"
         } else {
             "a function served by a worker connection with an async handler: the payload up and on to the worker, an empty ok back the same way"
         }
