@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 use crate::config::BrokerConfig;
 use crate::function::{Function, Handler, HandlerError, HandlerFuture};
+use crate::handlers::Handlers;
 use crate::queue::{Queue, QueueError};
 use crate::spin_pool::SpinPool;
 use crate::stats::Counters;
@@ -119,6 +120,8 @@ pub(crate) struct Inner {
     pub tracker: TaskTracker,
     /// The threads of connections whose readers spin.
     spin_pool: SpinPool,
+    /// The threads that run blocking functions' handlers.
+    pub handlers: Handlers,
     next_conn: std::sync::atomic::AtomicU64,
     started: Instant,
     listening: Mutex<Vec<Url>>,
@@ -319,6 +322,7 @@ impl Broker {
                 shutting_down: AtomicBool::new(false),
                 tracker: TaskTracker::new(),
                 spin_pool,
+                handlers: Handlers::new(),
                 next_conn: Default::default(),
                 started: Instant::now(),
                 listening: Mutex::default(),
@@ -408,8 +412,8 @@ impl Broker {
 
     /// Registers a function served by a synchronous handler that may block
     /// or compute long (a language binding's callback, a database query).
-    /// Each call runs on the runtime's blocking pool, whose thread sends the
-    /// answer, so calls run concurrently, up to the connection's in-flight
+    /// Each call runs on a thread of the broker's handler threads, which
+    /// sends the answer, so calls run concurrently, up to the connection's in-flight
     /// limit, and no connection waits for them. A call that outlasts its
     /// timeout is answered `timeout` while its handler runs on; what the
     /// handler gives then is dropped, and the call keeps its in-flight slot

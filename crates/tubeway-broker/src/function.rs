@@ -42,7 +42,9 @@ pub(crate) enum Handler {
     Sync(Arc<SyncFn>),
     /// Runs on the reader until it first waits, then on a task.
     Async(Arc<AsyncFn>),
-    /// Runs on the blocking pool, whose thread sends the answer.
+    /// Runs on the broker's handler threads (see [`crate::handlers`]),
+    /// whose thread sends the answer; called from inside the broker's
+    /// process, on the runtime's blocking pool.
     Blocking(Arc<SyncFn>),
 }
 
@@ -195,13 +197,13 @@ pub(crate) enum Inline<R> {
     Done(Option<R>),
     /// The call's async handler waits: the rest of the call.
     Waits(Waiting),
-    /// The call's handler runs on the blocking pool: the call, to run there.
+    /// The call's handler may block: the call, to run on a handler thread.
     Blocking(BlockingCall),
     /// The function is served by workers: the request, back.
     Remote(Box<Message>),
 }
 
-/// A local call of a handler that may block, for the blocking pool.
+/// A local call of a handler that may block, for a handler thread.
 pub(crate) struct BlockingCall {
     handler: Arc<SyncFn>,
     req: Box<Message>,

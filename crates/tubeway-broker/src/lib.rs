@@ -20,6 +20,8 @@ mod broker;
 mod config;
 mod forward;
 mod function;
+#[doc(hidden)]
+pub mod handlers;
 mod queue;
 mod session;
 mod spin_pool;

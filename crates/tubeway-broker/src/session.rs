@@ -1210,16 +1210,25 @@ impl Session {
                 let ended = Arc::new(AtomicBool::new(false));
                 let (by_handler, counted) = (ended.clone(), f.clone());
                 let shared = self.shared.clone();
-                let run = tokio::task::spawn_blocking(move || {
+                let runtime = tokio::runtime::Handle::current();
+                let (done, run) = tokio::sync::oneshot::channel::<()>();
+                self.inner.handlers.run(Box::new(move |ready| {
+                    // An answer the connection cannot take at once is sent
+                    // by a task of its runtime.
+                    let _rt = runtime.enter();
+                    let _done = done;
                     let _slot = permit;
                     let (answer, failed) = call.run(&counted);
+                    // What is left does not block: the caller's next call,
+                    // which the answer may bring at once, is this thread's.
+                    ready.now();
                     if !by_handler.swap(true, Ordering::AcqRel) {
                         counted.count(failed);
                         if let Some(answer) = answer {
                             shared.send_answer_now(&answer);
                         }
                     }
-                });
+                }));
                 self.spawn_in(None, to, async move {
                     match within(timeout, run).await {
                         Err(e) if !ended.swap(true, Ordering::AcqRel) => {

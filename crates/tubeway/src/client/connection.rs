@@ -22,13 +22,13 @@ use tokio::sync::{mpsc, oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tubeway_broker::handlers::Handlers;
 use tubeway_proto::{
     codec, ops, Decoded, EncodedFrame, Message, MessageType, ResponseStatus, MIME_TEXT,
 };
 use tubeway_transport::{FrameReader, FrameWriter, SpinGroup, Url, WaitStrategy};
 use uuid::Uuid;
 
-use super::handlers::Handlers;
 use super::worker::HandlerError;
 use crate::{Error, Result};
 
@@ -295,7 +295,7 @@ pub(crate) async fn establish(
         }),
         blocking_calls: AtomicUsize::new(0),
         max_blocking_calls: AtomicUsize::new(super::DEFAULT_MAX_BLOCKING_CALLS),
-        handlers: Handlers::new(tokio::runtime::Handle::current()),
+        handlers: Handlers::new(),
     });
     let writer = tokio::spawn(write_loop(flusher, Arc::downgrade(&conn)));
     let mut frames = FrameReader::new(stream.reader, max_receive);
@@ -1233,6 +1233,8 @@ fn serve_now(conn: Arc<Conn>, dispatch: Dispatch, req: Message) {
             let reply = req.response(ResponseStatus::Ok);
             let pool = conn.clone();
             pool.handlers.run(Box::new(move |ready| {
+                // As on the runtime's blocking pool, where handlers ran before.
+                let _rt = conn.runtime.enter();
                 let outcome =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(req)))
                         .map_err(|_| HandlerFailure::Panicked);

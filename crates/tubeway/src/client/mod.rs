@@ -17,7 +17,6 @@ use crate::{Error, Result};
 
 pub mod blocking;
 mod connection;
-mod handlers;
 mod subscription;
 mod worker;
 

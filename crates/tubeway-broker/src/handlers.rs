@@ -1,10 +1,12 @@
-//! The threads that run a connection's synchronous handlers.
+//! Threads for handlers that may block: a broker's blocking functions, and
+//! a client connection's synchronous handlers (shared with the `tubeway`
+//! crate, not part of the public API).
 //!
-//! A synchronous handler may block, so it never runs on the connection's
-//! reader or on a worker of the runtime. tokio's blocking pool would do,
-//! but it wakes the idle thread that has slept longest, and a thread that
-//! has just answered a call, and is about to look for more work, counts as
-//! busy there: the call its answer brings wakes another. Here a thread
+//! Such a handler never runs on a connection's reader or on a worker of the
+//! runtime. tokio's blocking pool would do, but it wakes the idle thread
+//! that has slept longest, and a thread that has just answered a call, and
+//! is about to look for more work, counts as busy there: the call its
+//! answer brings wakes another. Here a thread
 //! counts itself free before its answer leaves ([`Ready::now`]), so the
 //! next call, which that answer may bring at once, is its own to take, with
 //! no wake-up on either side; a call that finds no thread free wakes the
@@ -30,12 +32,20 @@ const KEEP_ALIVE: Duration = Duration::from_secs(10);
 const YIELD_EVERY: Duration = Duration::from_micros(5);
 
 /// One call of a handler, answer included.
-pub(crate) type Job = Box<dyn FnOnce(&Ready<'_>) + Send>;
+pub type Job = Box<dyn FnOnce(&Ready<'_>) + Send>;
 
 /// Handed to a running job: see [`Ready::now`].
-pub(crate) struct Ready<'a> {
+pub struct Ready<'a> {
     inner: Option<&'a Inner>,
     counted: Cell<bool>,
+}
+
+impl std::fmt::Debug for Ready<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ready")
+            .field("counted", &self.counted.get())
+            .finish()
+    }
 }
 
 impl Ready<'_> {
@@ -43,7 +53,7 @@ impl Ready<'_> {
     /// the job ends: for the last act of a job (sending an answer) that may
     /// bring the next job at once, which the thread then takes itself
     /// instead of another being woken for it. That act must not block.
-    pub(crate) fn now(&self) {
+    pub fn now(&self) {
         if let Some(inner) = self.inner {
             if !self.counted.replace(true) {
                 inner.lock().ready += 1;
@@ -52,10 +62,27 @@ impl Ready<'_> {
     }
 }
 
-/// The handler threads of one connection. Dropped, it lets its threads end
-/// once the calls queued have run.
-pub(crate) struct Handlers {
+/// A pool of handler threads. Dropped, it lets its threads end once the
+/// calls queued have run.
+pub struct Handlers {
     inner: Arc<Inner>,
+}
+
+impl Default for Handlers {
+    fn default() -> Self {
+        Handlers::new()
+    }
+}
+
+impl std::fmt::Debug for Handlers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.inner.lock();
+        f.debug_struct("Handlers")
+            .field("threads", &s.threads)
+            .field("sleeping", &s.sleeping.len())
+            .field("queued", &s.queue.len())
+            .finish()
+    }
 }
 
 struct Inner {
@@ -66,11 +93,8 @@ struct Inner {
     /// How long an idle thread polls before it sleeps, in nanoseconds.
     spin: AtomicU64,
     keep_alive: Duration,
-    /// The runtime the handlers run beside, entered while one runs, as on
-    /// the runtime's own blocking pool.
-    runtime: tokio::runtime::Handle,
     closed: AtomicBool,
-    /// Threads started, and sleeping threads woken: for the tests.
+    /// Threads started, and sleeping threads woken: for tests.
     started: AtomicUsize,
     woken: AtomicUsize,
 }
@@ -91,19 +115,18 @@ struct State {
 }
 
 impl Handlers {
-    /// Threads that run their jobs inside `runtime`.
-    pub(crate) fn new(runtime: tokio::runtime::Handle) -> Handlers {
-        Handlers::with_keep_alive(KEEP_ALIVE, runtime)
+    /// A pool with no thread yet; idle threads sleep at once.
+    pub fn new() -> Handlers {
+        Handlers::with_keep_alive(KEEP_ALIVE)
     }
 
-    fn with_keep_alive(keep_alive: Duration, runtime: tokio::runtime::Handle) -> Handlers {
+    fn with_keep_alive(keep_alive: Duration) -> Handlers {
         Handlers {
             inner: Arc::new(Inner {
                 state: Mutex::default(),
                 queued: AtomicUsize::new(0),
                 spin: AtomicU64::new(0),
                 keep_alive,
-                runtime,
                 closed: AtomicBool::new(false),
                 started: AtomicUsize::new(0),
                 woken: AtomicUsize::new(0),
@@ -113,7 +136,7 @@ impl Handlers {
 
     /// How long a thread that finds nothing to run polls for a job before
     /// it sleeps (zero: it sleeps at once).
-    pub(crate) fn set_spin(&self, spin: Duration) {
+    pub fn set_spin(&self, spin: Duration) {
         let nanos = u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX);
         self.inner.spin.store(nanos, Ordering::Relaxed);
     }
@@ -121,7 +144,7 @@ impl Handlers {
     /// Runs `job` on a thread of the pool: one already awake if one is
     /// free (the polling one, say), else the most recently idle of the
     /// sleeping ones, else a new one.
-    pub(crate) fn run(&self, job: Job) {
+    pub fn run(&self, job: Job) {
         let mut s = self.inner.lock();
         s.queue.push_back(job);
         self.inner.queued.fetch_add(1, Ordering::Release);
@@ -169,15 +192,14 @@ impl Handlers {
     }
 }
 
-#[cfg(test)]
 impl Handlers {
     /// Threads asleep.
-    pub(crate) fn sleeping(&self) -> usize {
+    pub fn sleeping(&self) -> usize {
         self.inner.lock().sleeping.len()
     }
 
     /// Sleeping threads woken for a job so far.
-    pub(crate) fn woken(&self) -> usize {
+    pub fn woken(&self) -> usize {
         self.inner.woken.load(Ordering::Relaxed)
     }
 }
@@ -203,7 +225,6 @@ impl Inner {
     /// Runs `job` on this pool's thread; true if it counted the thread
     /// ready itself.
     fn run_job(&self, job: Job) -> bool {
-        let _entered = self.runtime.enter();
         let ready = Ready {
             inner: Some(self),
             counted: Cell::new(false),
@@ -318,12 +339,6 @@ mod tests {
     /// Bounds every wait of these tests.
     const LIMIT: Duration = Duration::from_secs(10);
 
-    fn runtime() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("a runtime")
-    }
-
     /// Waits until `f` holds, failing the test after [`LIMIT`].
     fn eventually(what: &str, f: impl Fn() -> bool) {
         let give_up = Instant::now() + LIMIT;
@@ -343,8 +358,8 @@ mod tests {
         rx.recv_timeout(LIMIT).expect("the job ran")
     }
 
-    fn polling(spin: Duration, rt: &tokio::runtime::Runtime) -> Handlers {
-        let h = Handlers::new(rt.handle().clone());
+    fn polling(spin: Duration) -> Handlers {
+        let h = Handlers::new();
         h.set_spin(spin);
         h
     }
@@ -355,8 +370,7 @@ mod tests {
 
     #[test]
     fn every_job_runs_once_whoever_queues_it() {
-        let rt = runtime();
-        let h = Arc::new(polling(Duration::from_micros(50), &rt));
+        let h = Arc::new(polling(Duration::from_micros(50)));
         let ran = Arc::new(AtomicUsize::new(0));
         let queuers: Vec<_> = (0..4)
             .map(|_| {
@@ -384,8 +398,7 @@ mod tests {
     fn a_running_job_holds_up_no_other() {
         // Eight jobs that each wait for all eight: done only if each had a
         // thread of its own, although a thread polls throughout.
-        let rt = runtime();
-        let h = polling(Duration::from_secs(5), &rt);
+        let h = polling(Duration::from_secs(5));
         let all = Arc::new(Barrier::new(8));
         let (tx, rx) = mpsc::channel();
         for _ in 0..8 {
@@ -403,8 +416,7 @@ mod tests {
 
     #[test]
     fn the_idle_thread_polls_for_the_next_job() {
-        let rt = runtime();
-        let h = polling(Duration::from_secs(5), &rt);
+        let h = polling(Duration::from_secs(5));
         let first = run_and_wait(&h);
         let second = run_and_wait(&h);
         assert_eq!(first, second);
@@ -414,8 +426,7 @@ mod tests {
 
     #[test]
     fn by_default_the_idle_thread_sleeps_and_is_woken() {
-        let rt = runtime();
-        let h = Handlers::new(rt.handle().clone());
+        let h = Handlers::new();
         let first = run_and_wait(&h);
         eventually("the thread sleeps", || h.inner.lock().sleeping.len() == 1);
         let second = run_and_wait(&h);
@@ -426,8 +437,7 @@ mod tests {
 
     #[test]
     fn the_most_recently_idle_thread_is_woken_first() {
-        let rt = runtime();
-        let h = Handlers::new(rt.handle().clone());
+        let h = Handlers::new();
         // Two jobs running at once, made to end in a known order.
         let (first_tx, first_rx) = mpsc::channel::<()>();
         let (second_tx, second_rx) = mpsc::channel::<()>();
@@ -455,20 +465,8 @@ mod tests {
     }
 
     #[test]
-    fn jobs_run_inside_the_runtime() {
-        let rt = runtime();
-        let h = Handlers::new(rt.handle().clone());
-        let (tx, rx) = mpsc::channel();
-        h.run(Box::new(move |_: &Ready<'_>| {
-            let _ = tx.send(tokio::runtime::Handle::try_current().is_ok());
-        }));
-        assert!(rx.recv_timeout(LIMIT).expect("the job ran"));
-    }
-
-    #[test]
     fn a_job_that_panics_costs_no_thread() {
-        let rt = runtime();
-        let h = Handlers::new(rt.handle().clone());
+        let h = Handlers::new();
         h.run(Box::new(|_: &Ready<'_>| {
             panic!("a handler's panic that slipped by")
         }));
@@ -482,8 +480,7 @@ mod tests {
 
     #[test]
     fn idle_threads_end_after_the_keep_alive() {
-        let rt = runtime();
-        let h = Handlers::with_keep_alive(Duration::from_millis(20), rt.handle().clone());
+        let h = Handlers::with_keep_alive(Duration::from_millis(20));
         h.set_spin(Duration::from_micros(50));
         run_and_wait(&h);
         eventually("the thread ended", || threads(&h) == 0);
@@ -494,8 +491,7 @@ mod tests {
 
     #[test]
     fn a_dropped_pool_runs_what_is_queued_then_its_threads_end() {
-        let rt = runtime();
-        let h = polling(Duration::from_secs(5), &rt);
+        let h = polling(Duration::from_secs(5));
         let inner = h.inner.clone();
         let (release_tx, release_rx) = mpsc::channel::<()>();
         let (done_tx, done_rx) = mpsc::channel();
