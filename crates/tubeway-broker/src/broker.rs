@@ -413,8 +413,8 @@ impl Broker {
     /// Registers a function served by a synchronous handler that may block
     /// or compute long (a language binding's callback, a database query).
     /// Each call runs on a thread of the broker's handler threads, which
-    /// sends the answer, so calls run concurrently, up to the connection's in-flight
-    /// limit, and no connection waits for them. A call that outlasts its
+    /// sends the answer, so calls run concurrently, up to the connection's
+    /// in-flight limit, and no connection waits for them. A call that outlasts its
     /// timeout is answered `timeout` while its handler runs on; what the
     /// handler gives then is dropped, and the call keeps its in-flight slot
     /// until the handler ends. Otherwise as

@@ -54,8 +54,8 @@ pub struct ClientOptions {
     pub wait: Option<WaitStrategy>,
     /// How many calls of this connection's synchronous handlers
     /// ([`AsyncClient::serve`]) may run at once (512), each on a thread of
-    /// its own. The connection tells the broker so
-    /// when it serves a function with such a handler (unless
+    /// its own. The connection tells the broker so when it serves a
+    /// function with such a handler (unless
     /// [`max_worker_calls`](Self::max_worker_calls) says otherwise), and the
     /// broker holds further calls until one ends. A call beyond them that
     /// reaches the connection all the same is answered `unavailable` at
@@ -478,9 +478,10 @@ impl AsyncClient {
     /// calls run concurrently and a slow handler never stalls the
     /// connection; that thread sends the answer. An idle thread sleeps
     /// (after polling for [`ClientOptions::handler_spin`]) until a call
-    /// wakes it, the one that went idle last first; one idle for 10 s ends. At most [`ClientOptions::max_blocking_calls`] run at once
-    /// (of all this connection's synchronous handlers); a call beyond them
-    /// is answered `unavailable`. The returned message's
+    /// wakes it, the one that went idle last first; one idle for 10 s
+    /// ends. At most [`ClientOptions::max_blocking_calls`] run at once (of
+    /// all this connection's synchronous handlers); a call beyond them is
+    /// answered `unavailable`. The returned message's
     /// payload, mimetype, charset and subject form the `ok` response; an
     /// `Err` becomes `handler_error` with its `Display` as the reason, and so
     /// does a panic ("handler panicked"). Oneway calls get no response.
