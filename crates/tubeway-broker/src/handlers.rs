@@ -141,6 +141,19 @@ impl Handlers {
         self.inner.spin.store(nanos, Ordering::Relaxed);
     }
 
+    /// Lets every thread end once nothing is queued: none polls or sleeps
+    /// any more. A job run later still runs, on a thread started for it.
+    pub fn close(&self) {
+        self.inner.closed.store(true, Ordering::Release);
+        let mut s = self.inner.lock();
+        let sleeping = std::mem::take(&mut s.sleeping);
+        s.ready += sleeping.len();
+        drop(s);
+        for t in sleeping {
+            t.unpark();
+        }
+    }
+
     /// Runs `job` on a thread of the pool: one already awake if one is
     /// free (the polling one, say), else the most recently idle of the
     /// sleeping ones, else a new one.
@@ -198,6 +211,11 @@ impl Handlers {
         self.inner.lock().sleeping.len()
     }
 
+    /// Threads alive.
+    pub fn threads(&self) -> usize {
+        self.inner.lock().threads
+    }
+
     /// Sleeping threads woken for a job so far.
     pub fn woken(&self) -> usize {
         self.inner.woken.load(Ordering::Relaxed)
@@ -206,14 +224,7 @@ impl Handlers {
 
 impl Drop for Handlers {
     fn drop(&mut self) {
-        self.inner.closed.store(true, Ordering::Release);
-        let mut s = self.inner.lock();
-        let sleeping = std::mem::take(&mut s.sleeping);
-        s.ready += sleeping.len();
-        drop(s);
-        for t in sleeping {
-            t.unpark();
-        }
+        self.close();
     }
 }
 
@@ -364,10 +375,6 @@ mod tests {
         h
     }
 
-    fn threads(h: &Handlers) -> usize {
-        h.inner.lock().threads
-    }
-
     #[test]
     fn every_job_runs_once_whoever_queues_it() {
         let h = Arc::new(polling(Duration::from_micros(50)));
@@ -411,7 +418,7 @@ mod tests {
         for _ in 0..8 {
             rx.recv_timeout(LIMIT).expect("every job ended");
         }
-        assert_eq!(threads(&h), 8);
+        assert_eq!(h.threads(), 8);
     }
 
     #[test]
@@ -475,7 +482,7 @@ mod tests {
         });
         let ran = run_and_wait(&h);
         assert_eq!(run_and_wait(&h), ran);
-        assert_eq!(threads(&h), 1);
+        assert_eq!(h.threads(), 1);
     }
 
     #[test]
@@ -483,7 +490,7 @@ mod tests {
         let h = Handlers::with_keep_alive(Duration::from_millis(20));
         h.set_spin(Duration::from_micros(50));
         run_and_wait(&h);
-        eventually("the thread ended", || threads(&h) == 0);
+        eventually("the thread ended", || h.threads() == 0);
         // And one is started again for the next job.
         run_and_wait(&h);
         assert_eq!(h.inner.started.load(Ordering::Relaxed), 2);

@@ -1021,6 +1021,11 @@ impl Conn {
         self.handlers.woken()
     }
 
+    #[cfg(test)]
+    pub(crate) fn handler_threads(&self) -> usize {
+        self.handlers.threads()
+    }
+
     /// A place for one more call of a synchronous handler, held until
     /// dropped; none when as many run as may.
     fn blocking_call(self: &Arc<Self>) -> Option<BlockingCall> {
@@ -1155,6 +1160,8 @@ impl Conn {
         self.writer.stop_reading();
         // Dropped outside the lock: waking waiters must not contend on it.
         drop((pending, subscriptions, workers, abandoned));
+        // Handlers running finish, and their threads end.
+        self.handlers.close();
         self.stopping.store(true, Ordering::Release);
         self.stop.cancel();
     }

@@ -583,7 +583,7 @@ async fn queue_operations_build_the_contract_messages() {
 /// woken, without it, it sleeps and is woken for each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_thread_takes_the_calls_that_follow_its_answers() {
-    for (spin, polls) in [(Duration::ZERO, false), (Duration::from_secs(30), true)] {
+    for (spin, polls) in [(Duration::ZERO, false), (Duration::from_secs(10), true)] {
         let options = ClientOptions {
             handler_spin: spin,
             ..ClientOptions::default()
@@ -626,7 +626,15 @@ async fn a_handler_thread_takes_the_calls_that_follow_its_answers() {
         assert_eq!(threads.len(), 1, "{threads:?}");
         let woken = client.conn_arc().handler_threads_woken();
         assert_eq!(woken, if polls { 0 } else { 4 }, "spin {spin:?}");
-        drop(client);
+        // Closed, the connection's polling thread stops and ends.
+        let conn = client.conn_arc();
+        client.close().await;
+        within(async {
+            while conn.handler_threads() > 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
     }
 }
 
