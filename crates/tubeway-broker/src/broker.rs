@@ -439,7 +439,7 @@ impl Broker {
         msg.destination = Some(function.to_owned());
         msg.oneway = false;
         let f = self.inner.function(function)?;
-        let answer = match within(msg.timeout, f.call(msg)).await {
+        let answer = match within(msg.timeout, f.call(msg, &self.inner.handlers)).await {
             Ok(answer) => answer,
             Err(e) => {
                 // A call that timed out failed, whoever serves the function.
@@ -671,5 +671,28 @@ mod tests {
         assert!(e.reason.contains("boom"), "{}", e.reason);
         let e = b.call("missing", Message::request()).await.unwrap_err();
         assert_eq!(e.status, ResponseStatus::FunctionNotFound);
+    }
+
+    /// A blocking function called from inside the process runs on the
+    /// broker's handler threads, inside the runtime, and may block there;
+    /// its errors and panics are reported as any function's.
+    #[tokio::test]
+    async fn local_calls_of_blocking_functions_run_on_handler_threads() {
+        let b = Broker::new(BrokerConfig::default());
+        b.create_blocking_function("where", |_| {
+            std::thread::sleep(Duration::from_millis(5));
+            let name = std::thread::current().name().unwrap_or_default().to_owned();
+            let in_runtime = tokio::runtime::Handle::try_current().is_ok();
+            Ok(Message::plain_text(format!("{name} {in_runtime}")))
+        })
+        .unwrap();
+        b.create_blocking_function("panics", |_| panic!("blocked boom"))
+            .unwrap();
+        let r = b.call("where", Message::request()).await.unwrap();
+        assert_eq!(r.text_payload().unwrap(), "tubeway-handler true");
+        let e = b.call("panics", Message::request()).await.unwrap_err();
+        assert_eq!(e.status, ResponseStatus::HandlerError);
+        assert!(e.reason.contains("blocked boom"), "{}", e.reason);
+        assert_eq!(b.inner.handlers.threads(), 1, "one thread ran both");
     }
 }

@@ -24,6 +24,7 @@ use tubeway_proto::{Message, MessageType, ResponseStatus};
 use uuid::Uuid;
 
 use crate::broker::BrokerError;
+use crate::handlers::Handlers;
 use crate::session::SessionShared;
 
 /// The error a function handler returns; its `Display` becomes the reason of
@@ -43,8 +44,7 @@ pub(crate) enum Handler {
     /// Runs on the reader until it first waits, then on a task.
     Async(Arc<AsyncFn>),
     /// Runs on the broker's handler threads (see [`crate::handlers`]),
-    /// whose thread sends the answer; called from inside the broker's
-    /// process, on the runtime's blocking pool.
+    /// whose thread sends the answer.
     Blocking(Arc<SyncFn>),
 }
 
@@ -73,8 +73,9 @@ fn spread(x: u64) -> u64 {
 type Outcome<T = Message> = std::thread::Result<Result<T, HandlerError>>;
 
 impl Handler {
-    /// Runs the handler; its error or panic is the outcome's.
-    async fn run(&self, req: Message) -> Outcome {
+    /// Runs the handler, one that may block on a thread of `pool`; its
+    /// error or panic is the outcome's.
+    async fn run(&self, req: Message, pool: &Handlers) -> Outcome {
         match self {
             Handler::Sync(f) => std::panic::catch_unwind(AssertUnwindSafe(|| f(req))),
             Handler::Async(f) => {
@@ -84,15 +85,16 @@ impl Handler {
                     .await
             }
             Handler::Blocking(f) => {
-                let f = f.clone();
-                let ran = tokio::task::spawn_blocking(move || {
-                    std::panic::catch_unwind(AssertUnwindSafe(|| f(req)))
-                });
-                ran.await.unwrap_or_else(|e| {
-                    Err(e
-                        .try_into_panic()
-                        .unwrap_or_else(|_| Box::new("the runtime shut down")))
-                })
+                let (f, runtime) = (f.clone(), tokio::runtime::Handle::current());
+                let (tx, ran) = tokio::sync::oneshot::channel();
+                pool.run(Box::new(move |ready| {
+                    let _rt = runtime.enter();
+                    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| f(req)));
+                    ready.now();
+                    let _ = tx.send(outcome);
+                }));
+                ran.await
+                    .unwrap_or_else(|_| Err(Box::new("the handler's thread ended")))
             }
         }
     }
@@ -506,8 +508,12 @@ impl Function {
 
     /// Calls the function. `Ok(None)` for a oneway call; otherwise the
     /// response to send to the caller (ok or `handler_error`).
-    pub async fn call(&self, req: Message) -> Result<Option<Message>, BrokerError> {
-        let result = self.dispatch(req).await;
+    pub async fn call(
+        &self,
+        req: Message,
+        pool: &Handlers,
+    ) -> Result<Option<Message>, BrokerError> {
+        let result = self.dispatch(req, pool).await;
         self.count(match &result {
             Ok(answer) => is_failure(answer.as_ref()),
             Err(_) => true,
@@ -623,10 +629,14 @@ impl Function {
         }
     }
 
-    async fn dispatch(&self, req: Message) -> Result<Option<Message>, BrokerError> {
+    async fn dispatch(
+        &self,
+        req: Message,
+        pool: &Handlers,
+    ) -> Result<Option<Message>, BrokerError> {
         if let Some(h) = &self.local {
             let caller = Caller::of(&req);
-            let outcome = h.run(req).await;
+            let outcome = h.run(req, pool).await;
             return Ok(self.local_answer(caller, outcome));
         }
         let worker = match self.pick_worker(req.oneway) {
