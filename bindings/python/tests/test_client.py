@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import sys
 import threading
 import time
@@ -38,6 +39,79 @@ def test_send_async(server: tubeway.Server, client: tubeway.Client) -> None:
     bad = client.send_async("nope", "x")
     with pytest.raises(tubeway.NotFound):
         bad.result(timeout=10)
+
+
+def held_call(server: tubeway.Server, client: tubeway.Client) -> tuple[threading.Event, "cf.Future[Message]"]:
+    """A call of a function that answers once the event is set."""
+    release = threading.Event()
+    server.create_function("held", lambda m: release.wait(10) and m.text)
+    return release, client.send_async("held", "late")
+
+
+def test_a_send_async_reply_waited_for_in_result(server: tubeway.Server, client: tubeway.Client) -> None:
+    # A reply that comes while result() waits resolves the future once:
+    # result(), exception() and the callback all see it.
+    release, future = held_call(server, client)
+    assert isinstance(future, cf.Future)
+    called: list[str] = []
+    future.add_done_callback(lambda f: called.append(f.result().text))
+    threading.Timer(0.2, release.set).start()
+    assert future.result(timeout=10).text == "late"
+    assert future.exception(timeout=0) is None
+    assert called == ["late"]
+    # Every thread waiting in result() gets the reply.
+    release2 = threading.Event()
+    server.create_function("held2", lambda m: release2.wait(10) and m.text)
+    second = client.send_async("held2", "both")
+    got: list[str] = []
+    waiters = [threading.Thread(target=lambda: got.append(second.result(10).text)) for _ in range(3)]
+    for w in waiters:
+        w.start()
+    release2.set()
+    for w in waiters:
+        w.join(10)
+    assert got == ["both"] * 3
+
+
+def test_a_send_async_result_that_times_out_loses_no_reply(server: tubeway.Server, client: tubeway.Client) -> None:
+    release, future = held_call(server, client)
+    start = time.monotonic()
+    with pytest.raises(cf.TimeoutError):
+        future.result(timeout=0.2)
+    assert 0.15 < time.monotonic() - start < 5
+    with pytest.raises(cf.TimeoutError):
+        future.exception(timeout=0)
+    # The reply comes with nobody waiting: it still resolves the future.
+    done = threading.Event()
+    future.add_done_callback(lambda f: done.set())
+    release.set()
+    assert done.wait(10)
+    assert future.result(timeout=0).text == "late"
+
+
+def test_cancelling_a_send_async_future_ends_its_waiters(server: tubeway.Server, client: tubeway.Client) -> None:
+    release, future = held_call(server, client)
+    raised: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            future.result(timeout=10)
+        except BaseException as e:  # noqa: BLE001  (recorded for the test)
+            raised.append(e)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    # Most likely inside result() by then; either way it must raise at once.
+    time.sleep(0.1)
+    start = time.monotonic()
+    assert future.cancel()
+    waiter.join(5)
+    assert time.monotonic() - start < 5
+    assert len(raised) == 1 and isinstance(raised[0], cf.CancelledError), raised
+    release.set()
+    # The reply that comes later finds the future cancelled, and leaves it so.
+    assert client.send("held", "after", timeout=10).text == "after"
+    assert future.cancelled()
 
 
 def test_send_oneway(server: tubeway.Server, client: tubeway.Client) -> None:
