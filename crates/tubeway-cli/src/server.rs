@@ -72,9 +72,14 @@ pub fn install_builtins(broker: &Broker) -> anyhow::Result<()> {
         .context("cannot create the echo function")?;
     // Cloned, not built per call: the handler itself should cost nothing.
     let empty = Message::request();
+    let blocking_empty = empty.clone();
     broker
         .create_function("ack", move |_| Ok(empty.clone()))
         .context("cannot create the ack function")?;
+    // `ack` as a function that may block would be: on a handler thread.
+    broker
+        .create_blocking_function("ack-blocking", move |_| Ok(blocking_empty.clone()))
+        .context("cannot create the ack-blocking function")?;
     Ok(())
 }
 

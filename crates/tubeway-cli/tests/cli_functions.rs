@@ -135,7 +135,7 @@ fn function_status_list_remove() {
         .iter()
         .map(|f| f["name"].as_str().expect("name").to_owned())
         .collect();
-    assert_eq!(names, ["ack", "echo"]);
+    assert_eq!(names, ["ack", "ack-blocking", "echo"]);
     assert_eq!(
         server.run(&["function", "remove", "echo"]).ok(),
         "removed function echo\n"

@@ -60,6 +60,9 @@ of latency mode to the default ones.
 
 Modes:
   call     a function call through the broker; the built-in `ack` answers an empty ok
+  call-blocking
+           the same, to the built-in `ack-blocking`, which the broker runs as a
+           function that may block (on one of its handler threads)
   echo     a function call; the built-in `echo` sends the payload back
   worker   a function call the broker forwards to a worker connection of this
            process (one per connection), whose async handler answers an empty ok

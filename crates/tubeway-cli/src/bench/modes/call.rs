@@ -1,4 +1,6 @@
-//! `call`: a function call through the broker, answered by an empty `ok`.
+//! `call` and `call-blocking`: a function call through the broker, answered
+//! by an empty `ok`, from a handler that runs on the caller's connection or
+//! on one of the broker's handler threads.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,28 +16,53 @@ use super::{
 /// The built-in function that answers an empty `ok`.
 pub const ACK: &str = "ack";
 
-/// See the module.
+/// The same, served as a function that may block: on the broker's handler
+/// threads.
+pub const ACK_BLOCKING: &str = "ack-blocking";
+
+/// See the module: `call` with `blocking` false, `call-blocking` with it
+/// true.
 #[derive(Debug)]
-pub struct Call;
+pub struct Call {
+    pub blocking: bool,
+}
+
+impl Call {
+    fn function(&self) -> &'static str {
+        if self.blocking {
+            ACK_BLOCKING
+        } else {
+            ACK
+        }
+    }
+}
 
 impl Mode for Call {
     fn name(&self) -> &'static str {
-        "call"
+        if self.blocking {
+            "call-blocking"
+        } else {
+            "call"
+        }
     }
 
     fn about(&self) -> &'static str {
-        "function `ack` through the broker: the payload up, an empty ok back"
+        if self.blocking {
+            "function `ack-blocking` through the broker, served on its handler threads: the payload up, an empty ok back"
+        } else {
+            "function `ack` through the broker: the payload up, an empty ok back"
+        }
     }
 
     fn exchanges(&self, payload: usize) -> Vec<Exchange> {
         vec![Exchange {
-            up: request_len(ACK, payload),
+            up: request_len(self.function(), payload),
             down: empty_ok(),
         }]
     }
 
     fn prepare<'a>(&'a self, setup: &'a Setup) -> BoxFuture<'a, anyhow::Result<Arc<dyn Workload>>> {
-        Box::pin(Calls::open(setup, ACK.into(), false))
+        Box::pin(Calls::open(setup, self.function().into(), false))
     }
 }
 

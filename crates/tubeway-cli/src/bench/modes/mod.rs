@@ -34,7 +34,8 @@ mod worker;
 
 /// Every mode, in the order the report shows them.
 pub static MODES: &[&dyn Mode] = &[
-    &call::Call,
+    &call::Call { blocking: false },
+    &call::Call { blocking: true },
     &echo::Echo,
     &worker::Worker { sync: false },
     &worker::Worker { sync: true },
@@ -405,6 +406,7 @@ mod tests {
             names(&["all"]).unwrap(),
             [
                 "call",
+                "call-blocking",
                 "echo",
                 "worker",
                 "worker-sync",
