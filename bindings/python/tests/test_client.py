@@ -41,11 +41,13 @@ def test_send_async(server: tubeway.Server, client: tubeway.Client) -> None:
         bad.result(timeout=10)
 
 
-def held_call(server: tubeway.Server, client: tubeway.Client) -> tuple[threading.Event, "cf.Future[Message]"]:
-    """A call of a function that answers once the event is set."""
+def held_call(
+    server: tubeway.Server, client: tubeway.Client, function: str = "held", text: str = "late"
+) -> tuple[threading.Event, "cf.Future[Message]"]:
+    """A call of a new function that answers with the text once the event is set."""
     release = threading.Event()
-    server.create_function("held", lambda m: release.wait(10) and m.text)
-    return release, client.send_async("held", "late")
+    server.create_function(function, lambda m: release.wait(10) and m.text)
+    return release, client.send_async(function, text)
 
 
 def test_a_send_async_reply_waited_for_in_result(server: tubeway.Server, client: tubeway.Client) -> None:
@@ -60,9 +62,7 @@ def test_a_send_async_reply_waited_for_in_result(server: tubeway.Server, client:
     assert future.exception(timeout=0) is None
     assert called == ["late"]
     # Every thread waiting in result() gets the reply.
-    release2 = threading.Event()
-    server.create_function("held2", lambda m: release2.wait(10) and m.text)
-    second = client.send_async("held2", "both")
+    release2, second = held_call(server, client, "held2", "both")
     got: list[str] = []
     waiters = [threading.Thread(target=lambda: got.append(second.result(10).text)) for _ in range(3)]
     for w in waiters:
@@ -331,7 +331,7 @@ def test_a_worker_refuses_calls_beyond_max_blocking_calls(server: tubeway.Server
             assert client.send("held", "c").text == "c"
 
 
-def test_handler_spin_serves_from_a_polling_thread(server: tubeway.Server, client: tubeway.Client) -> None:
+def test_handler_spin_is_checked_and_one_thread_serves_calls_in_turn(server: tubeway.Server, client: tubeway.Client) -> None:
     with pytest.raises(ValueError, match="handler_spin"):
         tubeway.Client(server.url, handler_spin=-1.0)
     with tubeway.Client(server.url, handler_spin=1.0) as wc:
