@@ -384,7 +384,7 @@ impl Driver {
         }
         // The clock is read only now, for a wait that outlasts the spin: the
         // timeout then runs late by that spin (at most one slice of it,
-        // 200 µs), which the timer's resolution (1 ms) would hide anyway.
+        // 50 µs), which the timer's resolution (1 ms) would hide anyway.
         // A timeout too long for the clock is as good as none.
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         in_slices(deadline, |until| self.drive(f.as_mut(), until))
