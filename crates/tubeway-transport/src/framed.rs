@@ -385,7 +385,7 @@ impl FrameReader {
     /// itself runs again first: a current-thread runtime looks at them once
     /// every 61 task polls, so a reader spinning there would keep the
     /// writers of its own thread waiting for room (and timers firing) for
-    /// 61 of its slices.
+    /// 61 of its polls, every other one a slice of spinning.
     fn yield_to_driver<T>(&mut self, cx: &mut Context<'_>) -> Poll<T> {
         self.woke_itself = true;
         self.in_a_row = 0;
