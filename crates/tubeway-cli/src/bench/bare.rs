@@ -98,10 +98,14 @@ pub fn ping_pong(
     poll: bool,
     mut hist: Option<&mut Histogram<u64>>,
 ) -> std::io::Result<Count> {
+    // Both written, so that no page fault falls in the timed loop, and the
+    // clock starts once the peer's buffers are ready too.
     let mut bufs: Vec<(Vec<u8>, Vec<u8>)> = exchanges
         .iter()
-        .map(|e| (vec![0x5au8; e.up], vec![0u8; e.down]))
+        .map(|e| (vec![0x5au8; e.up], vec![0xa5u8; e.down]))
         .collect();
+    let mut ready = [0u8; 1];
+    s.read_exact(&mut ready)?;
     s.set_nonblocking(poll)?;
     let start = Instant::now();
     let give_up = start + d + GRACE;

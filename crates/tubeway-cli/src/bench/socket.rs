@@ -21,9 +21,10 @@ pub const HEAD: usize = 6;
 /// What a connection to the peer asks for, sent first.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
-    /// Cycle through these exchanges: read `up` bytes, write `down` bytes.
-    /// With `poll`, both sides poll a non-blocking socket instead of
-    /// sleeping in `read` (latency mode's floor).
+    /// Cycle through these exchanges: read `up` bytes, write `down` bytes,
+    /// once one byte has answered that the peer's buffers are ready. With
+    /// `poll`, both sides poll a non-blocking socket instead of sleeping in
+    /// `read` (latency mode's floor).
     PingPong {
         /// `(up, down)` byte counts.
         exchanges: Vec<(u64, u64)>,
