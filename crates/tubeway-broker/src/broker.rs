@@ -9,7 +9,7 @@ use tokio_util::task::TaskTracker;
 use tubeway_proto::name;
 use tubeway_proto::ops::{FunctionStatus, QueueKind, QueueStatus, Stats, TopicStatus};
 use tubeway_proto::{Message, ResponseStatus};
-use tubeway_transport::{Connection, Listener, Url};
+use tubeway_transport::{Connection, FramePool, Listener, Url};
 use uuid::Uuid;
 
 use crate::config::BrokerConfig;
@@ -122,6 +122,8 @@ pub(crate) struct Inner {
     spin_pool: SpinPool,
     /// The threads that run blocking functions' handlers.
     pub handlers: Handlers,
+    /// Buffers of large frames, shared by every connection.
+    pub frame_pool: Option<FramePool>,
     next_conn: std::sync::atomic::AtomicU64,
     started: Instant,
     listening: Mutex<Vec<Url>>,
@@ -275,6 +277,7 @@ impl Inner {
             messages_in: Counters::get(&c.messages_in),
             messages_out: Counters::get(&c.messages_out),
             errors: Counters::get(&c.errors),
+            frame_pool_bytes: (self.frame_pool.as_ref()).map_or(0, |p| p.held() as u64),
             queues,
             topics: self.list_topics(),
             functions: self.list_functions(),
@@ -311,6 +314,8 @@ impl Broker {
     /// A broker with `config`, serving nothing until [`Broker::listen`].
     pub fn new(config: BrokerConfig) -> Broker {
         let spin_pool = SpinPool::new(config.spin_threads);
+        let frame_pool = (config.frame_pool > 0)
+            .then(|| FramePool::new(FramePool::DEFAULT_MIN_FRAME, config.frame_pool));
         Broker {
             inner: Arc::new(Inner {
                 config,
@@ -323,6 +328,7 @@ impl Broker {
                 tracker: TaskTracker::new(),
                 spin_pool,
                 handlers: Handlers::new(),
+                frame_pool,
                 next_conn: Default::default(),
                 started: Instant::now(),
                 listening: Mutex::default(),

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use tubeway_proto::{DEFAULT_MAX_MESSAGE_SIZE, MAX_MESSAGE_SIZE_LIMIT};
-use tubeway_transport::WaitStrategy;
+use tubeway_transport::{FramePool, WaitStrategy};
 
 /// Broker settings. Defaults are safe for a shared machine.
 #[derive(Clone, Debug)]
@@ -39,6 +39,13 @@ pub struct BrokerConfig {
     /// one are polled in turn. Each thread starts with its first connection
     /// and ends with its last.
     pub spin_threads: usize,
+    /// Bytes of memory kept, at most, from the buffers of large messages
+    /// (256 KiB and up) whose messages are done, for the next ones to be read
+    /// into (default 256 MiB; 0 keeps none). One pool serves every
+    /// connection, and a buffer unused for 5 s goes back to the system.
+    /// Fresh memory for every large message costs a page fault per 4 KiB,
+    /// more than reading the bytes (see [`tubeway_transport::FramePool`]).
+    pub frame_pool: usize,
 }
 
 impl Default for BrokerConfig {
@@ -54,6 +61,7 @@ impl Default for BrokerConfig {
             server_name: concat!("tubeway/", env!("CARGO_PKG_VERSION")).to_owned(),
             wait: None,
             spin_threads: default_spin_threads(),
+            frame_pool: FramePool::DEFAULT_MAX_HELD,
         }
     }
 }
@@ -104,6 +112,13 @@ impl BrokerConfig {
     /// [`BrokerConfig::spin_threads`]).
     pub fn spin_threads(mut self, n: usize) -> Self {
         self.spin_threads = n.max(1);
+        self
+    }
+
+    /// Sets the memory kept for the buffers of large messages (see
+    /// [`BrokerConfig::frame_pool`]).
+    pub fn frame_pool(mut self, bytes: usize) -> Self {
+        self.frame_pool = bytes;
         self
     }
 

@@ -682,6 +682,9 @@ pub(crate) async fn run(
     let shared = SessionShared::new(id, peer.clone(), inner.clone(), writer);
     let mut reader = FrameReader::new(reader, inner.config.max_message_size);
     reader.set_wait_strategy(wait);
+    if let Some(pool) = &inner.frame_pool {
+        reader.recycle_large_frames(pool.clone());
+    }
     if let Some(group) = group {
         reader.join_spin_group(group);
     }

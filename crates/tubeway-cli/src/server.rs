@@ -25,7 +25,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     }
     let mut config = BrokerConfig::default()
         .max_message_size(usize::try_from(args.max_message_size)?)
-        .max_connections(usize::try_from(args.max_connections).unwrap_or(usize::MAX));
+        .max_connections(usize::try_from(args.max_connections).unwrap_or(usize::MAX))
+        .frame_pool(usize::try_from(args.frame_pool).unwrap_or(usize::MAX));
     if let Some(wait) = args.wait {
         config = config.wait(wait);
     }

@@ -33,7 +33,8 @@ fn summary(s: &Stats) -> String {
         "uptime       {}\n\
          connections  {} live, {} total, {} rejected\n\
          messages     {} in, {} out\n\
-         errors       {}\n",
+         errors       {}\n\
+         kept memory  {} for large messages\n",
         humantime::format_duration(uptime),
         s.connections,
         s.connections_total,
@@ -41,6 +42,7 @@ fn summary(s: &Stats) -> String {
         s.messages_in,
         s.messages_out,
         s.errors,
+        bytesize::ByteSize::b(s.frame_pool_bytes).display().iec(),
     );
 
     text.push_str("\nqueues\n");

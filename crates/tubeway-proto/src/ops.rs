@@ -214,6 +214,10 @@ pub struct Stats {
     pub messages_out: u64,
     /// Requests answered with an error status, and protocol errors.
     pub errors: u64,
+    /// Bytes of memory kept from the buffers of large messages for the next
+    /// ones to be read into (absent from brokers that predate it).
+    #[serde(default)]
+    pub frame_pool_bytes: u64,
     /// Every queue.
     pub queues: Vec<QueueStats>,
     /// Every topic.

@@ -12,6 +12,8 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio::sync::Notify;
 use tubeway_proto::{DecodeError, Decoded, Decoder, EncodedFrame};
 
+use crate::pool::{FrameBuf, FramePool};
+
 use crate::wait::SpinSeat;
 use crate::{ReadHalf, SpinGroup, WaitStrategy, WriteHalf};
 
@@ -71,6 +73,23 @@ struct Spin {
     readable: bool,
 }
 
+/// A large frame being read into a buffer of a [`FramePool`].
+#[derive(Debug)]
+struct Recycling {
+    buf: FrameBuf,
+    /// Bytes of the frame read so far.
+    got: usize,
+    /// The frame's length.
+    len: usize,
+}
+
+impl Recycling {
+    /// Where the rest of the frame goes.
+    fn rest(&mut self) -> &mut [u8] {
+        (self.buf.frame_mut(self.len).get_mut(self.got..)).unwrap_or_default()
+    }
+}
+
 /// Reads frames from a byte stream, checking every length before allocating.
 #[derive(Debug)]
 pub struct FrameReader {
@@ -80,9 +99,9 @@ pub struct FrameReader {
     wait: WaitStrategy,
     spin: Spin,
     pool: Option<FramePool>,
-    /// A large frame being read into a pooled buffer, and its length. Kept
-    /// here, not in the future, so that `next` stays cancel-safe.
-    recycling: Option<(Vec<u8>, usize)>,
+    /// A large frame being read into a pooled buffer. Kept here, not in the
+    /// future, so that `next` stays cancel-safe.
+    recycling: Option<Recycling>,
     /// The last poll of `next` was pending with its task already woken.
     woke_itself: bool,
     /// The readers this one shares its threads with.
@@ -189,10 +208,13 @@ impl FrameReader {
         loop {
             if self.recycling.is_none() {
                 if let (Some(len), Some(pool)) = (self.recyclable_frame(), &self.pool) {
-                    let mut frame = pool.take(len);
-                    frame.extend_from_slice(&self.buf);
+                    let mut buf = pool.take(len);
+                    let got = self.buf.len();
+                    if let Some(start) = buf.frame_mut(len).get_mut(..got) {
+                        start.copy_from_slice(&self.buf);
+                    }
                     self.buf.clear();
-                    self.recycling = Some((frame, len));
+                    self.recycling = Some(Recycling { buf, got, len });
                 }
             }
             if self.recycling.is_some() {
@@ -231,36 +253,25 @@ impl FrameReader {
         let len = tubeway_proto::codec::decode_prefix(&self.buf)
             .ok()?
             .frame_len as usize;
-        (len >= pool.min_frame && len <= self.decoder.max_frame() && self.buf.len() < len)
+        (len >= pool.min_frame() && len <= self.decoder.max_frame() && self.buf.len() < len)
             .then_some(len)
     }
 
     /// Reads the rest of the frame in `recycling` and decodes it there.
     /// Cancel-safe: what is read stays in `recycling`.
     async fn read_recycled(&mut self) -> Result<Decoded, ReadError> {
-        let (reader, recycling) = (&mut self.reader, &mut self.recycling);
-        self.woke_itself = false;
-        loop {
-            let Some((frame, len)) = recycling.as_mut() else {
-                return Err(io::Error::other("no frame being read").into());
-            };
-            let (got, limit) = (frame.len(), len.saturating_sub(frame.len()));
-            if limit == 0 {
-                break;
-            }
-            let n = poll_fn(|cx| reader.poll_read_into(cx, frame, limit)).await?;
-            if n == 0 {
-                *recycling = None;
+        while let Some(r) = self.recycling.as_ref().filter(|r| r.got < r.len) {
+            let got = r.got;
+            if poll_fn(|cx| self.poll_fill(cx)).await? == 0 {
+                self.recycling = None;
                 return Err(ReadError::UnexpectedEof(got));
             }
         }
-        let (frame, _) = recycling.take().unwrap_or_default();
-        self.spin = Spin::default();
-        let shared = match &self.pool {
-            Some(pool) => pool.share(frame),
-            None => Bytes::from(frame),
+        let (Some(Recycling { buf, len, .. }), Some(pool)) = (self.recycling.take(), &self.pool)
+        else {
+            return Err(io::Error::other("no frame being read").into());
         };
-        Ok(tubeway_proto::decode_frame(shared))
+        Ok(tubeway_proto::decode_frame(pool.share(buf, len)))
     }
 
     /// Reads more bytes into the buffer, waiting by the strategy.
@@ -272,13 +283,16 @@ impl FrameReader {
                     return Poll::Ready(r);
                 }
             }
-            let Poll::Ready(r) = self.reader.poll_read_buf(cx, &mut self.buf) else {
+            let read = match &mut self.recycling {
+                Some(r) => self.reader.poll_read_into(cx, r.rest()),
+                None => self.reader.poll_read_buf(cx, &mut self.buf),
+            };
+            let Poll::Ready(r) = read else {
                 // Asleep: the thread's other tasks run meanwhile.
                 self.in_a_row = 0;
                 return Poll::Pending;
             };
-            self.spin = Spin::default();
-            return Poll::Ready(r);
+            return Poll::Ready(self.count(r));
         }
         let in_turn = self.seat.as_ref().is_some_and(SpinSeat::crowded);
         if let Poll::Ready(r) = self.try_fill_now() {
@@ -400,19 +414,25 @@ impl FrameReader {
 
     /// One non-blocking read straight from the kernel, for spinning.
     fn try_fill_now(&mut self) -> Poll<io::Result<usize>> {
-        let r = self.reader.try_read_now(&mut self.buf);
-        self.filled(r)
+        let r = match &mut self.recycling {
+            Some(r) => self.reader.try_read_now_into(r.rest()),
+            None => self.reader.try_read_now(&mut self.buf),
+        };
+        match r {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Poll::Pending,
+            r => Poll::Ready(self.count(r)),
+        }
     }
 
-    fn filled(&mut self, r: io::Result<usize>) -> Poll<io::Result<usize>> {
-        match r {
-            Ok(n) => {
-                self.spin = Spin::default();
-                Poll::Ready(Ok(n))
+    /// Notes what a read gave: the wait is over.
+    fn count(&mut self, r: io::Result<usize>) -> io::Result<usize> {
+        if let Ok(n) = r {
+            self.spin = Spin::default();
+            if let Some(r) = &mut self.recycling {
+                r.got += n;
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Poll::Pending,
-            Err(e) => Poll::Ready(Err(e)),
         }
+        r
     }
 }
 
@@ -504,112 +524,6 @@ impl ThreadTurns {
                 // The thread may have been away for long.
                 self.now.set(None);
             }
-        }
-    }
-}
-
-/// Buffers for large frames, used again once a message read into one is
-/// dropped.
-///
-/// A received payload is lent out without a copy, so the memory of each
-/// large frame lives as long as its message does. Fresh memory for every
-/// frame costs the allocator a `mmap` and `munmap` and the kernel a page
-/// fault and a page zeroed per 4 KiB: about as much again as reading the
-/// bytes. A pool keeps buffers of dropped messages for the next frames, up to
-/// a bound; meant for a connection that moves many large messages between
-/// two programs (a broker with many connections would hold a pool per
-/// connection).
-#[derive(Debug, Clone)]
-pub struct FramePool {
-    inner: Arc<Mutex<PoolInner>>,
-    min_frame: usize,
-}
-
-#[derive(Debug)]
-struct PoolInner {
-    free: Vec<Vec<u8>>,
-    /// Bound on the capacity of the buffers in `free`; a buffer larger than
-    /// it is never kept.
-    max_held: usize,
-}
-
-impl FramePool {
-    /// Recycles buffers of frames of at least `min_frame` bytes, keeping at
-    /// most `max_held` bytes of free buffers.
-    pub fn new(min_frame: usize, max_held: usize) -> FramePool {
-        FramePool {
-            inner: Arc::new(Mutex::new(PoolInner {
-                free: Vec::new(),
-                max_held,
-            })),
-            min_frame,
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, PoolInner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// An empty buffer with room for `len` bytes: a kept one if one is
-    /// large enough (the smallest such), else a new one of exactly `len`.
-    fn take(&self, len: usize) -> Vec<u8> {
-        let mut inner = self.lock();
-        let best = (inner.free.iter().enumerate())
-            .filter(|(_, b)| b.capacity() >= len)
-            .min_by_key(|(_, b)| b.capacity())
-            .map(|(i, _)| i);
-        match best {
-            Some(i) => inner.free.swap_remove(i),
-            None => Vec::with_capacity(len),
-        }
-    }
-
-    /// `frame` as shared bytes that go back to the pool when the last
-    /// reference is dropped.
-    fn share(&self, frame: Vec<u8>) -> Bytes {
-        Bytes::from_owner(Recycled {
-            buf: frame,
-            pool: Arc::downgrade(&self.inner),
-        })
-    }
-
-    /// Bytes of free buffers kept.
-    pub fn held(&self) -> usize {
-        self.lock().held()
-    }
-}
-
-impl PoolInner {
-    /// Capacity of the free buffers, summed when asked (a few hundred at
-    /// most, and asked once per large frame).
-    fn held(&self) -> usize {
-        self.free.iter().map(Vec::capacity).sum()
-    }
-}
-
-/// A pooled frame's memory while a message uses it.
-struct Recycled {
-    buf: Vec<u8>,
-    pool: std::sync::Weak<Mutex<PoolInner>>,
-}
-
-impl AsRef<[u8]> for Recycled {
-    fn as_ref(&self) -> &[u8] {
-        &self.buf
-    }
-}
-
-impl Drop for Recycled {
-    fn drop(&mut self) {
-        let Some(pool) = self.pool.upgrade() else {
-            return;
-        };
-        let mut inner = pool.lock().unwrap_or_else(PoisonError::into_inner);
-        let cap = self.buf.capacity();
-        if inner.held() + cap <= inner.max_held {
-            let mut buf = std::mem::take(&mut self.buf);
-            buf.clear();
-            inner.free.push(buf);
         }
     }
 }
@@ -1676,19 +1590,21 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn large_frames_into_recycled_buffers_over_every_transport() {
         let p = std::env::temp_dir().join(format!("tw-pool-{}.sock", std::process::id()));
-        for url in [
-            "tcp://127.0.0.1:0".to_owned(),
-            format!("unix://{}", p.display()),
-            "mem://framed-pool-all".to_owned(),
-            format!("{}?ring=16KiB", shm_url("pool")),
-        ] {
-            // Frames from 10 KB up go into the pool's buffers.
-            let pool = FramePool::new(10_000, 1 << 20);
-            exchange_with(&url, WaitStrategy::PARK, Some(pool.clone())).await;
-            assert!(
-                pool.held() > 0,
-                "{url}: dropped messages give their buffers back"
-            );
+        for wait in [WaitStrategy::PARK, WaitStrategy::BusySpin] {
+            for url in [
+                "tcp://127.0.0.1:0".to_owned(),
+                format!("unix://{}", p.display()),
+                "mem://framed-pool-all".to_owned(),
+                format!("{}?ring=16KiB", shm_url("pool")),
+            ] {
+                // Frames from 10 KB up go into the pool's buffers.
+                let pool = FramePool::new(10_000, 1 << 20);
+                exchange_with(&url, wait, Some(pool.clone())).await;
+                assert!(
+                    pool.held() > 0,
+                    "{url}, {wait}: dropped messages give their buffers back"
+                );
+            }
         }
     }
 

@@ -13,15 +13,15 @@ pub mod channel;
 mod conn;
 mod framed;
 mod mem;
+mod pool;
 mod shm;
 mod stream;
 mod url;
 mod wait;
 
 pub use conn::{connect, Connection, Listener};
-pub use framed::{
-    FramePool, FrameReader, FrameWriter, ReadError, WriteError, WriteStats, WRITE_QUEUE_BYTES,
-};
+pub use framed::{FrameReader, FrameWriter, ReadError, WriteError, WriteStats, WRITE_QUEUE_BYTES};
+pub use pool::FramePool;
 pub use stream::{ReadHalf, WriteHalf};
 pub use url::{Url, UrlError};
 pub use wait::{SpinGroup, WaitStrategy, WaitStrategyError, DEFAULT_SPIN};

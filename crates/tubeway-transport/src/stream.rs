@@ -18,7 +18,7 @@ use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
@@ -126,6 +126,15 @@ pub(crate) fn reregister(r: ReadHalf, w: WriteHalf) -> io::Result<(ReadHalf, Wri
     }
 }
 
+/// One `recv` that does not wait; an interrupted one counts as nothing there.
+fn recv_now(s: &SocketRead, into: &mut [u8]) -> io::Result<usize> {
+    match rustix::net::recv(s.fd(), into, RecvFlags::DONTWAIT) {
+        Ok((n, _)) => Ok(n),
+        Err(Errno::INTR) => Err(io::ErrorKind::WouldBlock.into()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The read half of a connection.
 ///
 /// Implements [`AsyncRead`]; [`crate::FrameReader`] uses the non-blocking
@@ -177,32 +186,33 @@ impl ReadHalf {
         }
     }
 
-    /// Reads at most `limit` (at least 1) bytes onto the end of `buf`, or
-    /// registers `cx` to be woken when something may be there; `Ok(0)` at end
-    /// of stream. For reading a large frame into memory of the caller's.
+    /// Reads into `buf` (not empty), or registers `cx` to be woken when
+    /// something may be there; `Ok(0)` at end of stream. For reading a large
+    /// frame straight into memory of the caller's, by a reader that sleeps
+    /// between reads.
     pub fn poll_read_into(
         &mut self,
         cx: &mut Context<'_>,
-        buf: &mut Vec<u8>,
-        limit: usize,
+        buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
-        let mut limited = buf.limit(limit);
-        match &mut self.inner {
-            ReadInner::Socket(SocketRead::Tcp(s)) => {
-                tokio_util::io::poll_read_buf(Pin::new(s), cx, &mut limited)
-            }
-            ReadInner::Socket(SocketRead::Unix(s)) => {
-                tokio_util::io::poll_read_buf(Pin::new(s), cx, &mut limited)
-            }
+        let socket = match &mut self.inner {
+            ReadInner::Socket(s) => s,
             ReadInner::Shm(r) => loop {
-                match r.try_read_into(&mut limited, limit) {
+                let len = buf.len();
+                match r.try_read_into(&mut &mut *buf, len) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         ready!(r.poll_read_ready(cx))?;
                     }
                     other => return Poll::Ready(other),
                 }
             },
-        }
+        };
+        let mut into = ReadBuf::new(buf);
+        ready!(match socket {
+            SocketRead::Tcp(s) => Pin::new(s).poll_read(cx, &mut into),
+            SocketRead::Unix(s) => Pin::new(s).poll_read(cx, &mut into),
+        })?;
+        Poll::Ready(Ok(into.filled().len()))
     }
 
     /// Reads what is available now, asking the kernel itself (one system
@@ -218,13 +228,20 @@ impl ReadHalf {
         }
         let room = (buf.capacity() - buf.len()).clamp(1, SPIN_READ);
         let into = self.scratch.get_mut(..room).unwrap_or_default();
-        match rustix::net::recv(s.fd(), &mut *into, RecvFlags::DONTWAIT) {
-            Ok((n, _)) => {
-                buf.extend_from_slice(into.get(..n).unwrap_or_default());
-                Ok(n)
+        let n = recv_now(s, into)?;
+        buf.extend_from_slice(into.get(..n).unwrap_or_default());
+        Ok(n)
+    }
+
+    /// [`try_read_now`](Self::try_read_now) into `buf` (not empty), which is
+    /// initialised memory, so a socket reads straight into it.
+    pub fn try_read_now_into(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match &mut self.inner {
+            ReadInner::Shm(r) => {
+                let len = buf.len();
+                r.try_read_into(&mut &mut *buf, len)
             }
-            Err(Errno::INTR) => Err(io::ErrorKind::WouldBlock.into()),
-            Err(e) => Err(e.into()),
+            ReadInner::Socket(s) => recv_now(s, buf),
         }
     }
 

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{assert_status, on_thread, status, step, text, within, Harness};
+use common::{assert_status, eventually, on_thread, status, step, text, within, Harness};
 use tokio::sync::mpsc;
 use tubeway::{BrokerConfig, Client, Error, Message, ResponseStatus};
 
@@ -56,6 +56,9 @@ crate::transport_tests! {
     a_call_a_worker_refuses_goes_to_another,
     a_worker_limit_must_be_a_count_of_calls,
     blocking_oneway_calls_are_flushed_when_the_client_drops,
+    large_messages_are_read_into_memory_used_again,
+    without_a_pool_the_broker_keeps_no_memory
+        with BrokerConfig::default().frame_pool(0),
 }
 
 fn echo(h: &Harness) {
@@ -1782,4 +1785,48 @@ async fn blocking_oneway_calls_are_flushed_when_the_client_drops(h: &Harness) {
         let (i, _) = got.split_once(':').unwrap();
         assert!(seen.insert(i.parse::<u32>().unwrap()), "{i} twice");
     }
+}
+
+/// Echoes `payload` through the broker's `echo` function.
+async fn echoed(c: &tubeway::AsyncClient, payload: &[u8]) -> Message {
+    let m = Message::binary(payload.to_vec(), None);
+    let answer = step(c.send("echo", m)).await.unwrap();
+    assert_eq!(&answer.payload[..], payload);
+    answer
+}
+
+/// A large request is read into memory the broker keeps once it has been
+/// answered, and a large answer into memory the client reads the next one
+/// into: neither side faults in fresh pages for every large message.
+async fn large_messages_are_read_into_memory_used_again(h: &Harness) {
+    echo(h);
+    let c = h.client().await;
+    let first = echoed(&c, &vec![1u8; 1 << 20]).await;
+    let at = first.payload.as_ptr();
+    drop(first);
+    let second = echoed(&c, &vec![2u8; 1 << 20]).await;
+    assert_eq!(
+        second.payload.as_ptr(),
+        at,
+        "the client read it into the same memory"
+    );
+    eventually("the broker keeps the request's memory", || async {
+        h.broker.stats().frame_pool_bytes >= 1 << 20
+    })
+    .await;
+    let remote = step(c.stats()).await.unwrap();
+    assert!(remote.frame_pool_bytes > 0, "{remote:?}");
+    // A small message does not take a buffer that large.
+    let small = echoed(&c, &[3u8; 100]).await;
+    assert_ne!(small.payload.as_ptr(), at);
+}
+
+/// `BrokerConfig::frame_pool(0)`: large messages leave nothing behind.
+async fn without_a_pool_the_broker_keeps_no_memory(h: &Harness) {
+    echo(h);
+    let c = h.client().await;
+    for fill in 0..3 {
+        drop(echoed(&c, &vec![fill; 1 << 20]).await);
+    }
+    assert_eq!(h.broker.stats().frame_pool_bytes, 0);
 }

@@ -26,7 +26,7 @@ use tubeway_broker::handlers::Handlers;
 use tubeway_proto::{
     codec, ops, Decoded, EncodedFrame, Message, MessageType, ResponseStatus, MIME_TEXT,
 };
-use tubeway_transport::{FrameReader, FrameWriter, SpinGroup, Url, WaitStrategy};
+use tubeway_transport::{FramePool, FrameReader, FrameWriter, SpinGroup, Url, WaitStrategy};
 use uuid::Uuid;
 
 use super::worker::HandlerError;
@@ -255,12 +255,11 @@ pub(crate) struct Established {
 pub(crate) async fn establish(
     url: &Url,
     hello: &ops::Hello,
-    connect_timeout: Duration,
-    max_receive: usize,
-    wait: Option<WaitStrategy>,
+    options: &super::ClientOptions,
     may_spin: bool,
     group: Option<&SpinGroup>,
 ) -> Result<Established> {
+    let (connect_timeout, max_receive) = (options.connect_timeout, options.max_message_size);
     let connect_err = |source| Error::Connect {
         url: url.to_string(),
         source,
@@ -299,13 +298,17 @@ pub(crate) async fn establish(
     });
     let writer = tokio::spawn(write_loop(flusher, Arc::downgrade(&conn)));
     let mut frames = FrameReader::new(stream.reader, max_receive);
-    let wait = wait.unwrap_or(stream.default_wait);
+    let wait = options.wait.unwrap_or(stream.default_wait);
     let wait = if may_spin || !wait.spins() {
         wait
     } else {
         WaitStrategy::PARK
     };
     frames.set_wait_strategy(wait);
+    if options.frame_pool > 0 {
+        let pool = FramePool::new(FramePool::DEFAULT_MIN_FRAME, options.frame_pool);
+        frames.recycle_large_frames(pool);
+    }
     if let Some(group) = group.filter(|_| wait.spins()) {
         frames.join_spin_group(group);
     }

@@ -80,6 +80,13 @@ pub struct ClientOptions {
     /// the connection's reader and from the broker, and a lone call gets
     /// slower (see docs/performance.md, "Calls to workers").
     pub handler_spin: Duration,
+    /// Bytes of memory kept, at most, from the buffers of large messages
+    /// (256 KiB and up) received and dropped, for the next ones to be read
+    /// into (256 MiB by default; 0 keeps none). Each connection keeps its
+    /// own, and a buffer unused for 5 s goes back to the system. Fresh
+    /// memory for every large message costs a page fault per 4 KiB, more
+    /// than reading the bytes (see [`tubeway_transport::FramePool`]).
+    pub frame_pool: usize,
 }
 
 /// The default of [`ClientOptions::max_blocking_calls`].
@@ -96,6 +103,7 @@ impl Default for ClientOptions {
             max_blocking_calls: DEFAULT_MAX_BLOCKING_CALLS,
             max_worker_calls: None,
             handler_spin: Duration::ZERO,
+            frame_pool: tubeway_transport::FramePool::DEFAULT_MAX_HELD,
         }
     }
 }
@@ -186,16 +194,7 @@ impl AsyncClient {
             client: options.name.clone(),
             ..ops::Hello::default()
         };
-        let est = connection::establish(
-            &url,
-            &hello,
-            options.connect_timeout,
-            options.max_message_size,
-            options.wait,
-            may_spin,
-            group,
-        )
-        .await?;
+        let est = connection::establish(&url, &hello, &options, may_spin, group).await?;
         est.conn.set_max_blocking_calls(options.max_blocking_calls);
         est.conn.set_handler_spin(options.handler_spin);
         tracing::debug!(%url, server = %est.welcome.server, "connected");
