@@ -31,7 +31,8 @@ const RECYCLE_FROM: usize = 256 << 10;
 /// Free buffers a peer keeps for its next large frames, at most: enough
 /// for the few large objects a pipeline has in flight at once (with 64 MiB,
 /// arrays of up to 64 MiB mostly missed the pool and moved at 60 % of the
-/// speed they move at with this). Freed with the queue.
+/// speed they move at with this). Each is freed after 5 s unused, the rest
+/// with the queue.
 const RECYCLE_HELD: usize = 128 << 20;
 
 /// What a reader reports to the endpoint's inbox.
@@ -224,7 +225,13 @@ pub fn start(
     // thread drives, where polling would only take a core. Polling is for
     // `get`'s own reads.
     let mut frames = FrameReader::new(conn.reader, max_frame);
-    frames.recycle_large_frames(FramePool::new(RECYCLE_FROM, RECYCLE_HELD));
+    // Made within the runtime, whose task then gives idle buffers back:
+    // objects are dropped on Python's threads, outside any runtime.
+    let pool = {
+        let _in = runtime.enter();
+        FramePool::new(RECYCLE_FROM, RECYCLE_HELD)
+    };
+    frames.recycle_large_frames(pool);
     let reading = Arc::new(Reading {
         state: Mutex::new(PeerReader {
             frames,
