@@ -22,14 +22,15 @@ use tokio::time::Instant;
 /// of the speed they run at with one.
 /// A pool keeps the buffers of dropped messages for the next frames:
 ///
-/// - at most `max_held` bytes of them, the oldest given up first;
+/// - at most `max_held` bytes of them, and at most 256 buffers, the oldest
+///   given up first;
 /// - each for at most [`idle`](FramePool::release_after) unused (5 s by
 ///   default), after which it goes back to the system: a task looks while
 ///   the pool holds anything, and never otherwise, on the runtime of the
 ///   thread that gave the pool its first buffer (or else the one the pool
 ///   was made in; with neither, idle buffers go at the next frame);
-/// - a frame takes a kept buffer only if it is at most twice the frame's
-///   size, so that a small message never pins a large buffer.
+/// - a frame takes a kept buffer only if it is at most twice the size of
+///   the frame's own, so that a small message never pins a large buffer.
 ///
 /// Cheap to clone: the clones share their buffers, so one pool can serve
 /// every connection of a process (as a broker's does).
@@ -62,6 +63,10 @@ struct Kept {
     since: Instant,
 }
 
+/// Free buffers kept at most, whatever their size: a frame looks through
+/// all of them for the best fit.
+const MAX_KEPT: usize = 256;
+
 /// Frames start this far into a page of their buffer. The ring of a
 /// shared-memory connection is page-aligned and its records start 8 bytes
 /// into a page when the ring starts afresh, so a frame that started near the
@@ -83,8 +88,13 @@ impl FrameBuf {
     fn new(len: usize) -> FrameBuf {
         // Zeroed pages from the system, faulted in as they are written.
         FrameBuf {
-            buf: vec![0; len.saturating_add(PAGE)],
+            buf: vec![0; Self::size_for(len)],
         }
+    }
+
+    /// The size of a new buffer for a frame of `len` bytes.
+    fn size_for(len: usize) -> usize {
+        len.saturating_add(PAGE)
     }
 
     /// Where frames start.
@@ -167,13 +177,14 @@ impl FramePool {
     }
 
     /// A buffer with room for a frame of `len` bytes: the smallest kept one
-    /// that fits, if it is at most twice `len`, else a new one.
+    /// that fits, if it is at most twice the size of a new one, else a new
+    /// one.
     pub(crate) fn take(&self, len: usize) -> FrameBuf {
         let (found, expired) = {
             let mut inner = self.lock();
             let expired = inner.expire(Instant::now());
             let best = (inner.free.iter().enumerate())
-                .filter(|(_, k)| k.buf.room() >= len && k.buf.size() / 2 <= len)
+                .filter(|(_, k)| k.buf.room() >= len && k.buf.size() / 2 <= FrameBuf::size_for(len))
                 .min_by_key(|(_, k)| k.buf.size())
                 .map(|(i, _)| i);
             let found = best.and_then(|i| inner.free.remove(i));
@@ -234,7 +245,7 @@ impl PoolInner {
         }
         self.held += buf.size();
         self.free.push_back(Kept { buf, since: now });
-        while self.held > self.max_held {
+        while self.held > self.max_held || self.free.len() > MAX_KEPT {
             let Some(k) = self.free.pop_front() else {
                 break;
             };
@@ -314,7 +325,7 @@ mod tests {
 
     /// The memory a new buffer for a frame of `len` bytes holds.
     fn size(len: usize) -> usize {
-        len + PAGE
+        FrameBuf::size_for(len)
     }
 
     #[test]
@@ -384,6 +395,20 @@ mod tests {
         assert!(pool.held() <= 250_000, "larger than the bound: not kept");
         let c_again = lent(&pool, 120_000, 6);
         assert_eq!(c_again.as_ptr(), c_at);
+    }
+
+    #[test]
+    fn at_most_so_many_buffers_are_kept() {
+        let pool = FramePool::new(1000, 1 << 30);
+        let frames: Vec<_> = (0..MAX_KEPT + 10)
+            .map(|i| lent(&pool, 1000, i as u8))
+            .collect();
+        let first_kept = frames.get(10).map(|b| b.as_ptr());
+        drop(frames);
+        assert_eq!(pool.held(), MAX_KEPT * size(1000), "the 10 oldest went");
+        let taken: Vec<_> = (0..MAX_KEPT).map(|_| lent(&pool, 1000, 0)).collect();
+        assert_eq!(pool.held(), 0);
+        assert!(taken.iter().any(|b| Some(b.as_ptr()) == first_kept));
     }
 
     #[test]
