@@ -176,7 +176,12 @@ pub(crate) fn connect(path: &Path, options: &ChannelOptions) -> Result<Duplex, C
         Ok(_) => return Err(refused()),
         Err(e) => return Err(io::Error::from(e).into()),
     }
-    Ok(stream::duplex(Arc::new(down), Arc::new(up), options))
+    Ok(stream::duplex(
+        Arc::new(down),
+        Arc::new(up),
+        stream::Kind::Pipes,
+        options,
+    ))
 }
 
 /// Owns the rendezvous pipe; removes it when dropped.
@@ -235,7 +240,12 @@ impl FifoListener {
                 }
                 match rustix::io::read(&up, &mut ack) {
                     Ok(1) if ack == [ACK] => {
-                        return Ok(stream::duplex(Arc::new(up), Arc::new(down), options))
+                        return Ok(stream::duplex(
+                            Arc::new(up),
+                            Arc::new(down),
+                            stream::Kind::Pipes,
+                            options,
+                        ))
                     }
                     Err(Errno::AGAIN | Errno::INTR) => {}
                     _ => break,

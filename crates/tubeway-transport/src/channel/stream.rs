@@ -3,6 +3,12 @@
 //! Each message is a 4-byte little-endian length and its bytes. The reader
 //! reads into a buffer of its own, which grows to the largest message seen
 //! and is then reused, and lends each message out of it.
+//!
+//! A socket stays in blocking mode: its reader sleeps in `recv` itself,
+//! which a peer on the other CPU wakes 5-7 µs sooner than a sleep in `poll`
+//! (docs/performance.md, "Why one-in-flight socket ratios depend on the
+//! regime"), and its writer never blocks (`MSG_DONTWAIT`). Named pipes have
+//! no per-call flag, so theirs are non-blocking and wait in `poll`.
 
 use std::io;
 use std::net::{TcpListener, TcpStream};
@@ -14,6 +20,8 @@ use std::time::{Duration, Instant};
 
 use rustix::event::PollFlags;
 use rustix::io::Errno;
+use rustix::net::sockopt::Timeout;
+use rustix::net::RecvFlags;
 
 use super::{
     strategy, AcceptError, ChannelOptions, ConnectError, Duplex, Reader, ReaderInner, Received,
@@ -30,14 +38,33 @@ const MAX_FRAMED: usize = u32::MAX as usize;
 const INITIAL_BUFFER: usize = 64 * 1024;
 /// How long dropping a writer may wait to write out what it buffered.
 const DROP_FLUSH: Duration = Duration::from_secs(2);
+/// The longest receive timeout set on a socket: a wait for a later deadline
+/// wakes this often to look at it, and the timeout, unchanged meanwhile,
+/// need not be set again for every message.
+const LONGEST_RECV_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What the descriptors of a channel side are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// One socket, in blocking mode.
+    Socket,
+    /// Two non-blocking pipes.
+    Pipes,
+}
 
 /// Builds a channel side over `read` and `write` (the same socket, or two pipes).
-pub(crate) fn duplex(read: Arc<OwnedFd>, write: Arc<OwnedFd>, options: &ChannelOptions) -> Duplex {
+pub(crate) fn duplex(
+    read: Arc<OwnedFd>,
+    write: Arc<OwnedFd>,
+    kind: Kind,
+    options: &ChannelOptions,
+) -> Duplex {
     let wait = strategy(options, WaitStrategy::PARK);
     Duplex {
         writer: Writer::new(
             WriterInner::Stream(StreamWriter {
                 fd: write,
+                kind,
                 pending: Vec::new(),
                 wait,
             }),
@@ -46,6 +73,8 @@ pub(crate) fn duplex(read: Arc<OwnedFd>, write: Arc<OwnedFd>, options: &ChannelO
         reader: Reader::new(
             ReaderInner::Stream(StreamReader {
                 fd: read,
+                kind,
+                recv_timeout: None,
                 buf: Vec::new(),
                 start: 0,
                 end: 0,
@@ -57,9 +86,9 @@ pub(crate) fn duplex(read: Arc<OwnedFd>, write: Arc<OwnedFd>, options: &ChannelO
 }
 
 fn socket_duplex(fd: OwnedFd, options: &ChannelOptions) -> io::Result<Duplex> {
-    rustix::io::ioctl_fionbio(&fd, true)?;
+    rustix::io::ioctl_fionbio(&fd, false)?;
     let fd = Arc::new(fd);
-    Ok(duplex(fd.clone(), fd, options))
+    Ok(duplex(fd.clone(), fd, Kind::Socket, options))
 }
 
 pub(crate) fn connect(url: &Url, options: &ChannelOptions) -> Result<Duplex, ConnectError> {
@@ -151,6 +180,32 @@ impl Drop for StreamListener {
     }
 }
 
+/// What a wait that began at `started` does now, by `wait`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pace {
+    /// Look again at once.
+    Spin,
+    /// Give the CPU away, then look again.
+    Yield,
+    /// Sleep in the kernel.
+    Sleep,
+    /// The deadline has passed.
+    Over,
+}
+
+fn pace(wait: &WaitStrategy, started: Instant, deadline: Option<Instant>) -> Pace {
+    let now = Instant::now();
+    if deadline.is_some_and(|d| now >= d) {
+        Pace::Over
+    } else if wait.spin().is_none_or(|budget| now - started < budget) {
+        Pace::Spin
+    } else if wait.parks() {
+        Pace::Sleep
+    } else {
+        Pace::Yield
+    }
+}
+
 /// Waits for `fd` to be ready for `flags` by `wait`, having waited since
 /// `started`: returns at once while spinning (the caller retries), sleeps in
 /// `poll` once a park strategy's budget is spent. False when `deadline` passed.
@@ -161,26 +216,34 @@ fn wait_fd(
     started: Instant,
     deadline: Option<Instant>,
 ) -> io::Result<bool> {
-    let now = Instant::now();
-    if deadline.is_some_and(|d| now >= d) {
-        return Ok(false);
+    match pace(wait, started, deadline) {
+        Pace::Sleep => poll_until(fd, flags, deadline),
+        other => Ok(pause(other)),
     }
-    let spinning = wait.spin().is_none_or(|budget| now - started < budget);
-    if spinning {
-        std::hint::spin_loop();
-        return Ok(true);
+}
+
+/// Spins or yields as `pace` says; false once the deadline has passed. A
+/// wait that is to sleep returns at once, for the caller to sleep its way.
+fn pause(pace: Pace) -> bool {
+    match pace {
+        Pace::Over => false,
+        Pace::Spin => {
+            std::hint::spin_loop();
+            true
+        }
+        Pace::Yield => {
+            std::thread::yield_now();
+            true
+        }
+        Pace::Sleep => true,
     }
-    if !wait.parks() {
-        std::thread::yield_now();
-        return Ok(true);
-    }
-    poll_until(fd, flags, deadline)
 }
 
 /// Sends on a stream.
 #[derive(Debug)]
 pub(crate) struct StreamWriter {
     fd: Arc<OwnedFd>,
+    kind: Kind,
     /// The unwritten rest of a message `try_send` accepted.
     pending: Vec<u8>,
     /// For the flush on drop.
@@ -216,8 +279,18 @@ impl StreamWriter {
         if total_left == 0 {
             return Ok(Wrote::All);
         }
-        let n = n.min(slices.len());
-        match rustix::io::writev(&*self.fd, slices.get(..n).unwrap_or_default()) {
+        let slices = slices.get(..n.min(slices.len())).unwrap_or_default();
+        let wrote = match self.kind {
+            // The socket blocks; this write must not.
+            Kind::Socket => rustix::net::sendmsg(
+                &*self.fd,
+                slices,
+                &mut rustix::net::SendAncillaryBuffer::default(),
+                rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL,
+            ),
+            Kind::Pipes => rustix::io::writev(&*self.fd, slices),
+        };
+        match wrote {
             Ok(w) if w == total_left => Ok(Wrote::All),
             Ok(w) => Ok(Wrote::Some(w)),
             Err(Errno::AGAIN | Errno::INTR) => Ok(Wrote::Some(0)),
@@ -392,6 +465,9 @@ impl Drop for StreamWriter {
 #[derive(Debug)]
 pub(crate) struct StreamReader {
     fd: Arc<OwnedFd>,
+    kind: Kind,
+    /// The socket's receive timeout as last set (`None`: none).
+    recv_timeout: Option<Duration>,
     buf: Vec<u8>,
     /// Unread bytes are `buf[start..end]`.
     start: usize,
@@ -435,12 +511,28 @@ impl StreamReader {
                 }
             }
             self.make_room(need);
-            match rustix::io::read(&*self.fd, self.buf.get_mut(self.end..).unwrap_or_default()) {
+            // A socket's reader sleeps in `recv` itself (see the module's
+            // comment), once its strategy says to sleep.
+            let sleep = self.kind == Kind::Socket && pace(wait, started, deadline) == Pace::Sleep;
+            let read = if sleep {
+                self.recv_blocking(deadline)
+            } else {
+                self.read_now()
+            };
+            match read {
                 Ok(0) if unread == 0 => return Err(RecvError::Closed),
                 Ok(0) => return Err(RecvError::Truncated),
                 Ok(n) => self.end += n,
+                // Woken by a signal, or the receive timeout ran out: the
+                // next pass looks at the deadline.
+                Err(Errno::AGAIN | Errno::INTR) if sleep => {}
                 Err(Errno::AGAIN | Errno::INTR) => {
-                    if !wait_fd(&self.fd, PollFlags::IN, wait, started, deadline)? {
+                    let waited = match self.kind {
+                        // The next pass sleeps in `recv` if it is time to.
+                        Kind::Socket => pause(pace(wait, started, deadline)),
+                        Kind::Pipes => wait_fd(&self.fd, PollFlags::IN, wait, started, deadline)?,
+                    };
+                    if !waited {
                         return Ok(None);
                     }
                 }
@@ -449,6 +541,34 @@ impl StreamReader {
                 Err(e) => return Err(RecvError::Io(e.into())),
             }
         }
+    }
+
+    /// Reads what is there now into the free part of the buffer.
+    fn read_now(&mut self) -> Result<usize, Errno> {
+        let into = self.buf.get_mut(self.end..).unwrap_or_default();
+        match self.kind {
+            Kind::Socket => rustix::net::recv(&*self.fd, into, RecvFlags::DONTWAIT).map(|(n, _)| n),
+            Kind::Pipes => rustix::io::read(&*self.fd, into),
+        }
+    }
+
+    /// Reads into the free part of the buffer, sleeping in `recv` until
+    /// something comes or `deadline` (at most [`LONGEST_RECV_TIMEOUT`]
+    /// from now) passes: `AGAIN` then.
+    fn recv_blocking(&mut self, deadline: Option<Instant>) -> Result<usize, Errno> {
+        let timeout = match deadline {
+            None => None,
+            Some(d) => match d.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => Some(left.min(LONGEST_RECV_TIMEOUT)),
+                _ => return Err(Errno::AGAIN),
+            },
+        };
+        if timeout != self.recv_timeout {
+            rustix::net::sockopt::set_socket_timeout(&*self.fd, Timeout::Recv, timeout)?;
+            self.recv_timeout = timeout;
+        }
+        let into = self.buf.get_mut(self.end..).unwrap_or_default();
+        rustix::net::recv(&*self.fd, into, RecvFlags::empty()).map(|(n, _)| n)
     }
 
     /// Makes room after `end` for a message of `need` bytes from `start`;

@@ -130,6 +130,33 @@ fn recv_times_out_and_try_recv_does_not_wait() {
     });
 }
 
+/// A socket's reader sleeps in `recv` with a receive timeout of at most a
+/// second: a longer wait is several such sleeps and still ends at its
+/// deadline, not at the first; a message that comes meanwhile ends it.
+#[test]
+fn a_wait_longer_than_the_longest_receive_timeout_keeps_its_deadline() {
+    for url in addresses("long-wait") {
+        if !(url.starts_with("unix") || url.starts_with("tcp")) {
+            continue;
+        }
+        let (mut a, mut b, _l) = pair(&url, &ChannelOptions::default());
+        let t = Instant::now();
+        let nothing = a.reader.recv_timeout(Duration::from_millis(1300)).unwrap();
+        assert!(nothing.is_none(), "{url}");
+        drop(nothing);
+        assert!(t.elapsed() >= Duration::from_millis(1300), "{url}");
+        let sender = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(1100));
+            b.writer.send(b"late").unwrap();
+            b
+        });
+        let got = a.reader.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(got.as_deref(), Some(&b"late"[..]), "{url}");
+        drop(got);
+        drop(sender.join().unwrap());
+    }
+}
+
 #[test]
 fn try_send_fails_fast_when_full_and_recovers() {
     each("full", ChannelOptions::default(), |url, a, b| {
