@@ -14,12 +14,14 @@
 //! second hop through the first runtime.
 
 use std::io::{self, IoSlice};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use rustix::io::Errno;
+use rustix::net::sockopt::Timeout;
 use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
@@ -67,6 +69,7 @@ pub(crate) fn shm((r, w): (ShmReader, ShmWriter)) -> (ReadHalf, WriteHalf) {
         ReadHalf {
             inner: ReadInner::Shm(Box::new(r)),
             scratch: Vec::new(),
+            recv_timeout: None,
         },
         WriteHalf {
             inner: WriteInner::Shm(w),
@@ -91,6 +94,7 @@ fn socket_halves(r: SocketRead, w: SocketWrite) -> (ReadHalf, WriteHalf) {
         ReadHalf {
             inner: ReadInner::Socket(r),
             scratch: Vec::new(),
+            recv_timeout: None,
         },
         WriteHalf {
             inner: WriteInner::Socket(w),
@@ -126,6 +130,62 @@ pub(crate) fn reregister(r: ReadHalf, w: WriteHalf) -> io::Result<(ReadHalf, Wri
     }
 }
 
+/// The longest receive timeout [`sleep_in_recv`] sets: a longer wait wakes
+/// this often, and the timeout, unchanged meanwhile, need not be set again.
+const LONGEST_RECV_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// See [`ReadHalf::wait_readable`]; `timeout_set` is the socket's receive
+/// timeout as last set.
+fn sleep_in_recv(
+    fd: BorrowedFd<'_>,
+    timeout_set: &mut Option<Duration>,
+    deadline: Option<Instant>,
+) -> io::Result<bool> {
+    let timeout = match deadline {
+        None => None,
+        Some(d) => match d.checked_duration_since(Instant::now()) {
+            // Whole milliseconds, rounded up, so that the timeout of waits
+            // of about the same length is set once.
+            Some(left) if !left.is_zero() => {
+                let ms = left.as_millis().saturating_add(1);
+                let whole = Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX));
+                Some(whole.min(LONGEST_RECV_TIMEOUT))
+            }
+            _ => return Ok(false),
+        },
+    };
+    if timeout != *timeout_set {
+        rustix::net::sockopt::set_socket_timeout(fd, Timeout::Recv, timeout)?;
+        *timeout_set = timeout;
+    }
+    let _blocking = Blocking::new(fd)?;
+    let mut byte = [0u8; 1];
+    match rustix::net::recv(fd, &mut byte, RecvFlags::PEEK) {
+        // Data, the end of the stream, a timeout or a signal: the caller
+        // reads, and learns which.
+        Ok(_) | Err(Errno::AGAIN | Errno::INTR) => Ok(true),
+        // The read that follows reports it.
+        Err(_) => Ok(true),
+    }
+}
+
+/// A socket in blocking mode until this is dropped.
+struct Blocking<'a>(BorrowedFd<'a>);
+
+impl<'a> Blocking<'a> {
+    fn new(fd: BorrowedFd<'a>) -> io::Result<Blocking<'a>> {
+        rustix::io::ioctl_fionbio(fd, false)?;
+        Ok(Blocking(fd))
+    }
+}
+
+impl Drop for Blocking<'_> {
+    fn drop(&mut self) {
+        // Cannot fail on a descriptor that took the first call.
+        let _ = rustix::io::ioctl_fionbio(self.0, true);
+    }
+}
+
 /// One `recv` that does not wait; an interrupted one counts as nothing there.
 fn recv_now(s: &SocketRead, into: &mut [u8]) -> io::Result<usize> {
     match rustix::net::recv(s.fd(), into, RecvFlags::DONTWAIT) {
@@ -145,6 +205,9 @@ pub struct ReadHalf {
     /// Where a spinning socket reader reads before copying into the
     /// caller's buffer: safe code cannot read into uninitialised memory.
     scratch: Vec<u8>,
+    /// The socket's receive timeout as last set (`None`: none), for
+    /// [`wait_readable`](ReadHalf::wait_readable).
+    recv_timeout: Option<Duration>,
 }
 
 impl ReadHalf {
@@ -251,8 +314,19 @@ impl ReadHalf {
     /// since the reactor has not seen what woke this. False, without
     /// sleeping, once `deadline` has passed, and on shared memory, which
     /// waits by its own means.
-    pub fn wait_readable(&self, deadline: Option<std::time::Instant>) -> io::Result<bool> {
+    ///
+    /// On a Unix socket it sleeps in a blocking `recv` that peeks, which the
+    /// peer wakes from the other CPU sooner than a sleep in `poll` (see
+    /// docs/performance.md, "Why one-in-flight socket ratios depend on the
+    /// regime"). The socket is in blocking mode meanwhile. That is safe
+    /// because this thread is then its only reader, and every write on it is
+    /// `MSG_DONTWAIT` ([`WriteHalf::try_write_vectored`]).
+    pub fn wait_readable(&mut self, deadline: Option<Instant>) -> io::Result<bool> {
         match &self.inner {
+            ReadInner::Socket(SocketRead::Unix(s)) => {
+                let fd = s.as_ref().as_fd();
+                sleep_in_recv(fd, &mut self.recv_timeout, deadline)
+            }
             ReadInner::Socket(s) => {
                 crate::wait::poll_until(s.fd(), rustix::event::PollFlags::IN, deadline)
             }
