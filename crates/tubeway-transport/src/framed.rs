@@ -1501,6 +1501,9 @@ mod tests {
             let soon = Instant::now() + std::time::Duration::from_millis(20);
             assert!(r.wait_readable(Some(soon)).unwrap(), "{url}");
             assert!(Instant::now() >= soon, "{url}");
+            // A Unix socket sleeps in a blocking `recv`: the runtime's
+            // reads need it non-blocking again after.
+            assert!(r.reader.is_nonblocking(), "{url}");
             assert!(!r.wait_readable(Some(soon)).unwrap(), "{url}");
             let m = Message::plain_text("woke");
             writer
@@ -1508,6 +1511,7 @@ mod tests {
                 .await
                 .unwrap();
             assert!(r.wait_readable(None).unwrap(), "{url}");
+            assert!(r.reader.is_nonblocking(), "{url}");
             // Polled once, without the runtime having had a turn.
             let mut cx = Context::from_waker(std::task::Waker::noop());
             let polled = std::future::Future::poll(std::pin::pin!(r.next()), &mut cx);

@@ -334,6 +334,16 @@ impl ReadHalf {
         }
     }
 
+    /// Whether a socket is in non-blocking mode, as the runtime needs it.
+    #[cfg(test)]
+    pub(crate) fn is_nonblocking(&self) -> bool {
+        match &self.inner {
+            ReadInner::Socket(s) => rustix::fs::fcntl_getfl(s.fd())
+                .is_ok_and(|f| f.contains(rustix::fs::OFlags::NONBLOCK)),
+            ReadInner::Shm(_) => true,
+        }
+    }
+
     /// Waits until the stream may be readable, registering `cx` to be woken.
     pub fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match &mut self.inner {
