@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use rustix::io::Errno;
-use rustix::net::sockopt::Timeout;
 use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
@@ -130,10 +129,6 @@ pub(crate) fn reregister(r: ReadHalf, w: WriteHalf) -> io::Result<(ReadHalf, Wri
     }
 }
 
-/// The longest receive timeout [`sleep_in_recv`] sets: a longer wait wakes
-/// this often, and the timeout, unchanged meanwhile, need not be set again.
-const LONGEST_RECV_TIMEOUT: Duration = Duration::from_secs(1);
-
 /// See [`ReadHalf::wait_readable`]; `timeout_set` is the socket's receive
 /// timeout as last set.
 fn sleep_in_recv(
@@ -141,32 +136,15 @@ fn sleep_in_recv(
     timeout_set: &mut Option<Duration>,
     deadline: Option<Instant>,
 ) -> io::Result<bool> {
-    let timeout = match deadline {
-        None => None,
-        Some(d) => match d.checked_duration_since(Instant::now()) {
-            // Whole milliseconds, rounded up, so that the timeout of waits
-            // of about the same length is set once.
-            Some(left) if !left.is_zero() => {
-                let ms = left.as_millis().saturating_add(1);
-                let whole = Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX));
-                Some(whole.min(LONGEST_RECV_TIMEOUT))
-            }
-            _ => return Ok(false),
-        },
-    };
-    if timeout != *timeout_set {
-        rustix::net::sockopt::set_socket_timeout(fd, Timeout::Recv, timeout)?;
-        *timeout_set = timeout;
+    if !crate::wait::set_recv_deadline(fd, timeout_set, deadline)? {
+        return Ok(false);
     }
     let _blocking = Blocking::new(fd)?;
     let mut byte = [0u8; 1];
-    match rustix::net::recv(fd, &mut byte, RecvFlags::PEEK) {
-        // Data, the end of the stream, a timeout or a signal: the caller
-        // reads, and learns which.
-        Ok(_) | Err(Errno::AGAIN | Errno::INTR) => Ok(true),
-        // The read that follows reports it.
-        Err(_) => Ok(true),
-    }
+    // Whatever ends it (data, the end of the stream, a timeout, a signal or
+    // an error), the caller's read that follows learns which.
+    let _ = rustix::net::recv(fd, &mut byte, RecvFlags::PEEK);
+    Ok(true)
 }
 
 /// A socket in blocking mode until this is dropped.

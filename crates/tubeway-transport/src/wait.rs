@@ -10,10 +10,11 @@ use std::io;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
+use rustix::net::sockopt::Timeout;
 
 pub use tubeway_ring::{WaitStrategy, WaitStrategyError, DEFAULT_SPIN};
 
@@ -42,6 +43,39 @@ pub(crate) fn poll_until(
         Ok(_) | Err(Errno::INTR) => Ok(true),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The longest receive timeout [`set_recv_deadline`] sets: a wait for a
+/// later deadline wakes this often to look at it, and the timeout, unchanged
+/// meanwhile, need not be set again for every wait.
+const LONGEST_RECV_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Sets the receive timeout of socket `fd` for a blocking `recv` that is to
+/// end at `deadline` (`None`: never): whole milliseconds rounded up, so that
+/// waits of about the same length set it once, and at most
+/// [`LONGEST_RECV_TIMEOUT`]. `set` is the timeout as last set, and is kept
+/// up to date. False, setting nothing, once `deadline` has passed.
+pub(crate) fn set_recv_deadline(
+    fd: impl AsFd,
+    set: &mut Option<Duration>,
+    deadline: Option<Instant>,
+) -> Result<bool, Errno> {
+    let timeout = match deadline {
+        None => None,
+        Some(d) => match d.checked_duration_since(Instant::now()) {
+            Some(left) if !left.is_zero() => {
+                let ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+                let whole = Duration::from_millis(ms.saturating_add(1));
+                Some(whole.min(LONGEST_RECV_TIMEOUT))
+            }
+            _ => return Ok(false),
+        },
+    };
+    if timeout != *set {
+        rustix::net::sockopt::set_socket_timeout(fd, Timeout::Recv, timeout)?;
+        *set = timeout;
+    }
+    Ok(true)
 }
 
 /// Readers that spin on the same threads, such as the connections a broker

@@ -20,14 +20,13 @@ use std::time::{Duration, Instant};
 
 use rustix::event::PollFlags;
 use rustix::io::Errno;
-use rustix::net::sockopt::Timeout;
 use rustix::net::RecvFlags;
 
 use super::{
     strategy, AcceptError, ChannelOptions, ConnectError, Duplex, Reader, ReaderInner, Received,
     ReceivedInner, RecvError, SendError, TrySendError, Writer, WriterInner,
 };
-use crate::wait::poll_until;
+use crate::wait::{poll_until, set_recv_deadline};
 use crate::{Url, WaitStrategy};
 
 /// Length prefix of a message.
@@ -38,10 +37,6 @@ const MAX_FRAMED: usize = u32::MAX as usize;
 const INITIAL_BUFFER: usize = 64 * 1024;
 /// How long dropping a writer may wait to write out what it buffered.
 const DROP_FLUSH: Duration = Duration::from_secs(2);
-/// The longest receive timeout set on a socket: a wait for a later deadline
-/// wakes this often to look at it, and the timeout, unchanged meanwhile,
-/// need not be set again for every message.
-const LONGEST_RECV_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// What the descriptors of a channel side are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -553,19 +548,11 @@ impl StreamReader {
     }
 
     /// Reads into the free part of the buffer, sleeping in `recv` until
-    /// something comes or `deadline` (at most [`LONGEST_RECV_TIMEOUT`]
-    /// from now) passes: `AGAIN` then.
+    /// something comes or `deadline` passes (`AGAIN` then), at most a second
+    /// at a time (see [`set_recv_deadline`]).
     fn recv_blocking(&mut self, deadline: Option<Instant>) -> Result<usize, Errno> {
-        let timeout = match deadline {
-            None => None,
-            Some(d) => match d.checked_duration_since(Instant::now()) {
-                Some(left) if !left.is_zero() => Some(left.min(LONGEST_RECV_TIMEOUT)),
-                _ => return Err(Errno::AGAIN),
-            },
-        };
-        if timeout != self.recv_timeout {
-            rustix::net::sockopt::set_socket_timeout(&*self.fd, Timeout::Recv, timeout)?;
-            self.recv_timeout = timeout;
+        if !set_recv_deadline(&*self.fd, &mut self.recv_timeout, deadline)? {
+            return Err(Errno::AGAIN);
         }
         let into = self.buf.get_mut(self.end..).unwrap_or_default();
         rustix::net::recv(&*self.fd, into, RecvFlags::empty()).map(|(n, _)| n)
