@@ -323,12 +323,11 @@ impl Cursor {
         match self.next(ring)? {
             Some(found) => Ok(Some(self.skip_taken(found)?)),
             None if gone => Err(TryReadError::Closed),
-            None => {
-                // Most likely polled again soon: have the next record's
-                // later lines on their way with its header.
-                ring.prefetch_after(self.head & (ring.capacity() - 1));
-                Ok(None)
-            }
+            // No prefetch of the record's later lines while waiting: the
+            // writer is storing into them, and each prefetch takes a line
+            // back from it before its header can be published
+            // (docs/performance.md, "The reader's prefetch, taken out").
+            None => Ok(None),
         }
     }
 

@@ -78,35 +78,6 @@ impl Ring {
         self.word(pos).load(Ordering::Acquire)
     }
 
-    /// Prefetches the two cache lines after the one holding `pos`, the head
-    /// a reader waits at.
-    ///
-    /// A record's header shares its line with the first 56 payload bytes
-    /// only; a reader that fetched the rest after seeing the header would
-    /// wait for a second transfer between the cores. Prefetched while it
-    /// waits, the lines move with the header's (a stale copy is only a copy:
-    /// the writer's stores take the lines back, and the next look fetches
-    /// them again). A prefetch is a hint, not an access: it races with
-    /// nothing and orders nothing.
-    pub(crate) fn prefetch_after(&self, pos: u64) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let line = pos & !63;
-            for next in [line + 64, line + 128] {
-                if next < self.place.capacity {
-                    let ptr = self.at(next, record::HEADER).cast::<i8>().cast_const();
-                    // SAFETY: SSE is part of x86_64's baseline; a prefetch
-                    // neither faults nor accesses memory (and the address is
-                    // inside the mapping, checked by `at`).
-                    unsafe { _mm_prefetch::<_MM_HINT_T0>(ptr) };
-                }
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = pos;
-    }
-
     /// Writes the word at `pos` (a multiple of 8) without publishing it: a
     /// header that a later [`publish_record_header`](Ring::publish_record_header)
     /// publishes, or the zero word after the last record.
