@@ -298,10 +298,12 @@ impl ReadHalf {
     /// docs/performance.md, "Why one-in-flight socket ratios depend on the
     /// regime"). The socket is in blocking mode meanwhile. That is safe
     /// because this thread is then its only reader, and every write on it is
-    /// `MSG_DONTWAIT` ([`WriteHalf::try_write_vectored`]).
+    /// `MSG_DONTWAIT` ([`WriteHalf::try_write_vectored`]). Not when the
+    /// process has a single CPU: there is no wake-up from another CPU to
+    /// gain, and switching the socket's mode costs two more system calls.
     pub fn wait_readable(&mut self, deadline: Option<Instant>) -> io::Result<bool> {
         match &self.inner {
-            ReadInner::Socket(SocketRead::Unix(s)) => {
+            ReadInner::Socket(SocketRead::Unix(s)) if crate::wait::several_cpus() => {
                 let fd = s.as_ref().as_fd();
                 sleep_in_recv(fd, &mut self.recv_timeout, deadline)
             }

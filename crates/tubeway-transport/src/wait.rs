@@ -9,7 +9,7 @@
 use std::io;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags, Timespec};
@@ -76,6 +76,13 @@ pub(crate) fn set_recv_deadline(
         *set = timeout;
     }
     Ok(true)
+}
+
+/// Whether this process may run on more than one CPU, as it could when it
+/// started (its affinity and quota; a later change is not seen).
+pub(crate) fn several_cpus() -> bool {
+    static SEVERAL: OnceLock<bool> = OnceLock::new();
+    *SEVERAL.get_or_init(|| std::thread::available_parallelism().map_or(true, |n| n.get() > 1))
 }
 
 /// Readers that spin on the same threads, such as the connections a broker
