@@ -40,7 +40,7 @@ pub struct BrokerConfig {
     /// and ends with its last.
     pub spin_threads: usize,
     /// Bytes of memory kept, at most, from the buffers of large messages
-    /// (256 KiB and up) whose messages are done, for the next ones to be read
+    /// (64 KiB and up) whose messages are done, for the next ones to be read
     /// into (default 256 MiB; 0 keeps none). One pool serves every
     /// connection, and a buffer unused for 5 s goes back to the system.
     /// Fresh memory for every large message costs a page fault per 4 KiB,

@@ -228,7 +228,7 @@ pub struct ServerArgs {
           value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub spin_threads: Option<u64>,
 
-    /// Memory kept, at most, from the buffers of large messages (256KiB and
+    /// Memory kept, at most, from the buffers of large messages (64KiB and
     /// up) once they are done, for the next ones to be read into; 0 keeps
     /// none. A buffer unused for 5s goes back to the system.
     #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_size)]

@@ -81,7 +81,7 @@ pub struct ClientOptions {
     /// slower (see docs/performance.md, "Calls to workers").
     pub handler_spin: Duration,
     /// Bytes of memory kept, at most, from the buffers of large messages
-    /// (256 KiB and up) received and dropped, for the next ones to be read
+    /// (64 KiB and up) received and dropped, for the next ones to be read
     /// into (256 MiB by default; 0 keeps none). Each connection keeps its
     /// own, and a buffer unused for 5 s goes back to the system. Fresh
     /// memory for every large message costs a page fault per 4 KiB, more
