@@ -322,6 +322,25 @@ fn latency_mode_is_set_beside_the_default_wait() {
 }
 
 #[test]
+fn a_message_larger_than_a_streaming_write_is_set_beside_streaming_through_its_size() {
+    let mut cmd = tubeway();
+    cmd.args(["bench", "--json", "--transport", "tcp"])
+        .args(["--figures", "size", "--payload", "64B,2MB"])
+        .args(TINY);
+    let report = report_of(&mut cmd);
+    let sizes = figures(section(&report, "tcp", Some("call")), "size");
+    let through = "bare socket streaming through message-sized buffers";
+    // 64 B fits the caches, as the plain streaming's buffer does.
+    let small = sizes[0]["baselines"].as_array().unwrap();
+    assert!(!small.iter().any(|b| b["name"] == through), "{}", sizes[0]);
+    assert_eq!(sizes[1]["payload"], 2_000_000);
+    let b = baseline(sizes[1], through);
+    assert!(num(&b["value"]["median"]) > 0.0, "{b}");
+    assert!(num(&b["ratio"]) > 0.0, "{b}");
+    assert!(num(&baseline(sizes[1], "bare socket streaming")["ratio"]) > 0.0);
+}
+
+#[test]
 fn the_lone_client_is_the_one_asked_for() {
     for (flag, expected) in [("blocking", "blocking"), ("async", "async")] {
         let mut cmd = tubeway();

@@ -41,7 +41,8 @@ broker; the broker's memory idle and per idle connection.
 
 Beside each figure stands the bare limit measured in the same run, and the
 ratio to it: a std socket ping-pong moving the same bytes between two
-processes, bare socket streaming, memcpy bandwidth; with shared memory, a
+processes, bare socket streaming (for messages over 1 MiB also through
+buffers of the message's size), memcpy bandwidth; with shared memory, a
 cache-line ping-pong and a ping-pong with a small payload between two
 processes.
 

@@ -136,14 +136,28 @@ pub fn ping_pong(
     }
 }
 
-/// Streams `chunk`-byte writes on a sink connection for `d`; the count is
-/// of bytes the peer confirms it read.
-pub fn stream(mut s: Stream, chunk: usize, d: Duration) -> std::io::Result<Count> {
-    let buf = vec![0x5au8; chunk];
+/// Streams [`STREAM_CHUNK`]-byte writes on a sink connection for `d`, one
+/// after the other through a buffer of `memory` bytes (at least a chunk);
+/// the count is of bytes the peer confirms it read. With `memory` as large
+/// as a message, the bytes come from memory and go to memory (the peer's
+/// buffer is as large), as a message's do, not from a buffer that stays in
+/// the caches.
+pub fn stream(mut s: Stream, memory: usize, d: Duration) -> std::io::Result<Count> {
+    let chunk = STREAM_CHUNK;
+    let buf = vec![0x5au8; memory.max(chunk)];
+    // The peer's buffer is ready.
+    s.read_exact(&mut [0u8])?;
     let start = Instant::now();
+    let mut at = 0;
     while start.elapsed() < d {
-        s.write_all(black_box(&buf))?;
+        let Some(part) = buf.get(at..at + chunk) else {
+            at = 0;
+            continue;
+        };
+        s.write_all(black_box(part))?;
+        at += chunk;
     }
+    drop(buf);
     s.shutdown_write()?;
     let mut total = [0u8; 8];
     s.read_exact(&mut total)?;
@@ -156,7 +170,9 @@ pub fn stream(mut s: Stream, chunk: usize, d: Duration) -> std::io::Result<Count
 /// Copies a `size`-byte buffer into another for `d`; counts bytes copied.
 pub fn memcpy(size: usize, d: Duration) -> Count {
     let src = vec![0x5au8; size.max(1)];
-    let mut dst = vec![0u8; size.max(1)];
+    // Filled, not zeroed: a zeroed allocation is only mapped, and its pages
+    // would be faulted in by the first copies, on the clock.
+    let mut dst = vec![0xa5u8; size.max(1)];
     let start = Instant::now();
     let mut bytes = 0u64;
     loop {

@@ -181,12 +181,15 @@ impl Bench<'_> {
     }
 
     /// Bare streaming, one run, in bytes per second; `None` without a peer.
-    pub async fn bare_stream(&mut self, d: Duration) -> anyhow::Result<Option<f64>> {
+    /// `memory`: the bytes of each side's buffer (see [`bare::stream`]).
+    pub async fn bare_stream(&mut self, memory: usize, d: Duration) -> anyhow::Result<Option<f64>> {
         let Some(peer) = self.peer.as_deref_mut() else {
             return Ok(None);
         };
-        let s = peer.open(&Request::Sink)?;
-        let c = tokio::task::spawn_blocking(move || bare::stream(s, STREAM_CHUNK, d)).await??;
+        let memory = memory.max(STREAM_CHUNK);
+        let buffer = u32::try_from(memory)?;
+        let s = peer.open(&Request::Sink { buffer })?;
+        let c = tokio::task::spawn_blocking(move || bare::stream(s, memory, d)).await??;
         Ok(Some(c.rate()))
     }
 
@@ -199,10 +202,10 @@ impl Bench<'_> {
         if self.peer.is_some() {
             self.progress
                 .doing(format!("{} bare streaming", self.transport));
-            self.bare_stream(s.warmup).await?;
+            self.bare_stream(STREAM_CHUNK, s.warmup).await?;
             let mut runs = Vec::new();
             for _ in 0..s.runs {
-                if let Some(r) = self.bare_stream(s.duration).await? {
+                if let Some(r) = self.bare_stream(STREAM_CHUNK, s.duration).await? {
                     runs.push(mb(r));
                 }
             }

@@ -10,7 +10,7 @@ use tubeway::channel::ChannelOptions;
 use tubeway::ClientOptions;
 
 use super::args::{Group, LoneClient, Settings};
-use super::bare::{self, Peer};
+use super::bare::{self, Peer, STREAM_CHUNK};
 use super::baselines::BareRuns;
 use super::channel_peer::ChannelPeer;
 use super::latency::{self, Latency};
@@ -23,6 +23,10 @@ use super::shm::Far;
 use super::target::Target;
 use super::transport::Transport;
 use super::wait::Wait;
+
+/// The name of bare streaming through message-sized buffers, beside the
+/// throughput of messages larger than a streaming write.
+pub const STREAM_THROUGH_MEMORY: &str = "bare socket streaming through message-sized buffers";
 
 /// In-flight count that stands for an open loop (the fixed-rate figure):
 /// pipelined, so an async client's.
@@ -181,6 +185,11 @@ impl Bench<'_> {
             .await?;
         let (mut ops, mut deliveries, mut drops) = (Vec::new(), Vec::new(), 0);
         let (mut bare, mut stream, mut copy) = (BareRuns::default(), Vec::new(), Vec::new());
+        // A message larger than a streaming write cannot stay in the caches
+        // as the bare streaming's buffer does: streamed again through
+        // buffers of its size, to see what that costs the hardware.
+        let through_memory = payload > STREAM_CHUNK;
+        let mut stream_memory = Vec::new();
         let mut rss = Rss::default();
         let broker = if mode.needs_broker() {
             self.target.as_deref().and_then(Target::broker_proc)
@@ -198,8 +207,13 @@ impl Bench<'_> {
                 self.bare_round_trips(&exchanges, payload, s.duration, false)
                     .await?,
             );
-            if let Some(r) = self.bare_stream(s.duration).await? {
+            if let Some(r) = self.bare_stream(STREAM_CHUNK, s.duration).await? {
                 stream.push(mb(r));
+            }
+            if through_memory {
+                if let Some(r) = self.bare_stream(payload, s.duration).await? {
+                    stream_memory.push(mb(r));
+                }
             }
             let d = s.duration;
             let c = tokio::task::spawn_blocking(move || bare::memcpy(payload, d)).await?;
@@ -229,6 +243,14 @@ impl Bench<'_> {
         if let Some(stream) = Stat::of(stream) {
             baselines.push(Baseline::measured(
                 "bare socket streaming",
+                "MB/s",
+                Some(stream),
+                median(&mbs),
+            ));
+        }
+        if let Some(stream) = Stat::of(stream_memory) {
+            baselines.push(Baseline::measured(
+                STREAM_THROUGH_MEMORY,
                 "MB/s",
                 Some(stream),
                 median(&mbs),

@@ -54,15 +54,25 @@ fn serve(mut s: Stream) -> io::Result<()> {
         }
     };
     match Request::read_rest(head, &mut s)? {
-        Request::Sink => {
-            let mut buf = vec![0u8; 1 << 20];
-            let mut total = 0u64;
+        Request::Sink { buffer } => {
+            // Filled, so that every page is faulted in before the writer
+            // starts its clock.
+            let mut buf = vec![1u8; buffer as usize];
+            s.write_all(&[1])?;
+            let (mut total, mut at) = (0u64, 0usize);
             loop {
-                match s.read(&mut buf)? {
+                let rest = buf.get_mut(at..).unwrap_or_default();
+                match s.read(rest)? {
                     0 => break,
-                    n => total += n as u64,
+                    n => {
+                        total += n as u64;
+                        at = if at + n >= buffer as usize { 0 } else { at + n };
+                    }
                 }
             }
+            // Given back before the count goes, so that whatever the bench
+            // measures next does not meet the unmapping of a large buffer.
+            drop(buf);
             s.write_all(&total.to_le_bytes())
         }
         Request::ShmPingPong { secs } => {

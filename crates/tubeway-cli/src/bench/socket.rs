@@ -31,8 +31,13 @@ pub enum Request {
         /// Poll instead of sleeping.
         poll: bool,
     },
-    /// Read to the end, then write the byte count (u64 LE).
-    Sink,
+    /// Read to the end into a buffer of `buffer` bytes, from its start
+    /// again each time it is full, then write the byte count (u64 LE); one
+    /// byte first, once the buffer is made and touched.
+    Sink {
+        /// Bytes of the reader's buffer: 1 ..= [`MAX_FRAME`].
+        buffer: u32,
+    },
     /// Echo the shared-memory ping-pong whose memfd comes with this request
     /// (SCM_RIGHTS), for at most `secs` seconds; answer one byte once it is
     /// mapped.
@@ -53,7 +58,7 @@ impl Request {
                 u32::try_from(exchanges.len()).unwrap_or(0),
                 exchanges,
             ),
-            Request::Sink => (2, 0, 0, &[]),
+            Request::Sink { buffer } => (2, 0, *buffer, &[]),
             Request::ShmPingPong { secs } => (3, 0, *secs, &[]),
         };
         let mut out = vec![kind, flags];
@@ -73,7 +78,7 @@ impl Request {
         let n = u32::from_le_bytes(n);
         let count = usize::try_from(n).map_err(|_| bad("exchange count"))?;
         match (kind, flags) {
-            (2, 0) if n == 0 => Ok(Request::Sink),
+            (2, 0) if n > 0 && u64::from(n) <= MAX_FRAME => Ok(Request::Sink { buffer: n }),
             (3, 0) => Ok(Request::ShmPingPong { secs: n }),
             (1, 0 | 1) if (1..=MAX_EXCHANGES).contains(&count) => {
                 let mut exchanges = Vec::with_capacity(count);
@@ -298,7 +303,10 @@ mod tests {
     fn requests_round_trip() {
         let ping = |exchanges: Vec<(u64, u64)>, poll| Request::PingPong { exchanges, poll };
         for r in [
-            Request::Sink,
+            Request::Sink { buffer: 1 << 20 },
+            Request::Sink {
+                buffer: 200_000_000,
+            },
             ping(vec![(5_000, 59)], false),
             ping(vec![(1, 2), (3, 4)], true),
             Request::ShmPingPong { secs: 125 },
@@ -321,6 +329,9 @@ mod tests {
             too_many,
             none,
             vec![9, 0, 0, 0, 0, 0],
+            // A sink without a buffer, or with one larger than any frame.
+            Request::Sink { buffer: 0 }.encode(),
+            Request::Sink { buffer: u32::MAX }.encode(),
             vec![1, 2, 1, 0, 0, 0],
             vec![1, 0, 1, 0, 0, 0, 7],
         ] {
