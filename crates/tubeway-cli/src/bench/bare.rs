@@ -157,7 +157,6 @@ pub fn stream(mut s: Stream, memory: usize, d: Duration) -> std::io::Result<Coun
         s.write_all(black_box(part))?;
         at += chunk;
     }
-    drop(buf);
     s.shutdown_write()?;
     let mut total = [0u8; 8];
     s.read_exact(&mut total)?;
