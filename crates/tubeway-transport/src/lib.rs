@@ -12,6 +12,7 @@
 pub mod channel;
 mod conn;
 mod framed;
+mod large;
 mod mem;
 mod pool;
 mod shm;
@@ -21,6 +22,7 @@ mod wait;
 
 pub use conn::{connect, Connection, Listener};
 pub use framed::{FrameReader, FrameWriter, ReadError, WriteError, WriteStats, WRITE_QUEUE_BYTES};
+pub use large::LargeBuffer;
 pub use pool::FramePool;
 pub use stream::{ReadHalf, WriteHalf};
 pub use url::{Url, UrlError};

@@ -11,6 +11,8 @@ use tokio::task::JoinHandle;
 // Tokio's clock, which its tests can stop.
 use tokio::time::Instant;
 
+use crate::LargeBuffer;
+
 /// Buffers for large frames, used again once the message read into one is
 /// dropped.
 ///
@@ -31,6 +33,9 @@ use tokio::time::Instant;
 ///   was made in; with neither, idle buffers go at the next frame);
 /// - a frame takes a kept buffer only if it is at most twice the size of
 ///   the frame's own, so that a small message never pins a large buffer.
+///
+/// Buffers of frames from about 4 MiB up are [`LargeBuffer`]s, in huge
+/// pages.
 ///
 /// Cheap to clone: the clones share their buffers, so one pool can serve
 /// every connection of a process (as a broker's does).
@@ -81,20 +86,20 @@ const PAGE: usize = 4096;
 /// [`PAGE_OFFSET`] into a page, wherever the allocator put it.
 #[derive(Debug, Default)]
 pub(crate) struct FrameBuf {
-    buf: Vec<u8>,
+    buf: LargeBuffer,
 }
 
 impl FrameBuf {
     fn new(len: usize) -> FrameBuf {
-        // Zeroed pages from the system, faulted in as they are written.
         FrameBuf {
-            buf: vec![0; Self::size_for(len)],
+            buf: LargeBuffer::new(len.saturating_add(PAGE)),
         }
     }
 
-    /// The size of a new buffer for a frame of `len` bytes.
+    /// The size of a new buffer for a frame of `len` bytes, with room for
+    /// the frame's offset into its first page.
     fn size_for(len: usize) -> usize {
-        len.saturating_add(PAGE)
+        LargeBuffer::size_for(len.saturating_add(PAGE))
     }
 
     /// Where frames start.
@@ -110,7 +115,7 @@ impl FrameBuf {
 
     /// Memory it holds.
     fn size(&self) -> usize {
-        self.buf.len()
+        self.buf.size()
     }
 
     /// The first `len` bytes of the frame (none if it has no room for `len`).
@@ -351,6 +356,21 @@ mod tests {
             assert_eq!(frame.len(), len);
             assert_eq!(frame.as_ptr() as usize % PAGE, PAGE_OFFSET);
         }
+    }
+
+    #[test]
+    fn a_large_frame_is_read_into_huge_pages_and_kept() {
+        let pool = FramePool::new(1000, 64 << 20);
+        let len = LargeBuffer::HUGE_MIN;
+        let frame = lent(&pool, len, 7);
+        assert!(frame.iter().all(|&b| b == 7));
+        assert_eq!(frame.as_ptr() as usize % PAGE, PAGE_OFFSET);
+        let at = frame.as_ptr();
+        drop(frame);
+        assert_eq!(pool.held(), LargeBuffer::size_for(len + PAGE));
+        let again = pool.take(len);
+        assert!(again.buf.is_mapped());
+        assert_eq!(again.frame(len).as_ptr(), at, "kept and used again");
     }
 
     #[test]

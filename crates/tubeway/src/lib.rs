@@ -34,4 +34,4 @@ pub use tubeway_proto::{
     ops, Message, MessageType, PayloadError, PayloadKind, ResponseStatus, MIME_BINARY, MIME_JSON,
     MIME_TEXT,
 };
-pub use tubeway_transport::{channel, Url, WaitStrategy};
+pub use tubeway_transport::{channel, LargeBuffer, Url, WaitStrategy};

@@ -44,7 +44,8 @@ ratio to it: a std socket ping-pong moving the same bytes between two
 processes, bare socket streaming (for messages over 1 MiB also through
 buffers of the message's size), memcpy bandwidth; with shared memory, a
 cache-line ping-pong and a ping-pong with a small payload between two
-processes.
+processes. Their buffers from 4 MiB up are in huge pages, as the
+transport's are.
 
 One operation in flight is measured with the blocking tubeway::Client (it
 drives its connection from the calling thread); anything pipelined with the

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use tubeway::LargeBuffer;
 
 use super::child::{ChildError, ChildProc};
 use super::fdpass::send_with_fd;
@@ -100,9 +101,14 @@ pub fn ping_pong(
 ) -> std::io::Result<Count> {
     // Both written, so that no page fault falls in the timed loop, and the
     // clock starts once the peer's buffers are ready too.
-    let mut bufs: Vec<(Vec<u8>, Vec<u8>)> = exchanges
+    let mut bufs: Vec<(LargeBuffer, LargeBuffer)> = exchanges
         .iter()
-        .map(|e| (vec![0x5au8; e.up], vec![0xa5u8; e.down]))
+        .map(|e| {
+            (
+                LargeBuffer::filled(e.up, 0x5a),
+                LargeBuffer::filled(e.down, 0xa5),
+            )
+        })
         .collect();
     let mut ready = [0u8; 1];
     s.read_exact(&mut ready)?;
@@ -144,7 +150,7 @@ pub fn ping_pong(
 /// the caches.
 pub fn stream(mut s: Stream, memory: usize, d: Duration) -> std::io::Result<Count> {
     let chunk = STREAM_CHUNK;
-    let buf = vec![0x5au8; memory.max(chunk)];
+    let buf = LargeBuffer::filled(memory.max(chunk), 0x5a);
     // The peer's buffer is ready.
     s.read_exact(&mut [0u8])?;
     let start = Instant::now();
@@ -168,10 +174,10 @@ pub fn stream(mut s: Stream, memory: usize, d: Duration) -> std::io::Result<Coun
 
 /// Copies a `size`-byte buffer into another for `d`; counts bytes copied.
 pub fn memcpy(size: usize, d: Duration) -> Count {
-    let src = vec![0x5au8; size.max(1)];
+    let src = LargeBuffer::filled(size.max(1), 0x5a);
     // Filled, not zeroed: a zeroed allocation is only mapped, and its pages
     // would be faulted in by the first copies, on the clock.
-    let mut dst = vec![0xa5u8; size.max(1)];
+    let mut dst = LargeBuffer::filled(size.max(1), 0xa5);
     let start = Instant::now();
     let mut bytes = 0u64;
     loop {

@@ -12,6 +12,7 @@
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
 
+use tubeway::LargeBuffer;
 use tubeway_ring::PingPong;
 
 use super::args::PeerArgs;
@@ -57,7 +58,7 @@ fn serve(mut s: Stream) -> io::Result<()> {
         Request::Sink { buffer } => {
             // Filled, so that every page is faulted in before the writer
             // starts its clock.
-            let mut buf = vec![1u8; buffer as usize];
+            let mut buf = LargeBuffer::filled(buffer as usize, 1);
             s.write_all(&[1])?;
             let (mut total, mut at) = (0u64, 0usize);
             loop {
@@ -88,10 +89,10 @@ fn serve(mut s: Stream) -> io::Result<()> {
             // Written, so every page is in place before the clock starts: a
             // bare limit has no page faults in it (a zeroed allocation would
             // fault them in during the first exchanges).
-            let mut request = vec![0xa5u8; len(largest)?];
+            let mut request = LargeBuffer::filled(len(largest)?, 0xa5);
             let answers = exchanges
                 .iter()
-                .map(|&(up, down)| Ok((len(up)?, vec![0x41u8; len(down)?])))
+                .map(|&(up, down)| Ok((len(up)?, LargeBuffer::filled(len(down)?, 0x41))))
                 .collect::<io::Result<Vec<_>>>()?;
             s.write_all(&[1])?;
             s.set_nonblocking(poll)?;
