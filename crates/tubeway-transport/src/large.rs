@@ -14,7 +14,8 @@ use memmap2::{Advice, MmapMut};
 /// memory the transport itself uses. A program that builds large payloads
 /// can build them in one too and send it without a copy
 /// (`Bytes::from_owner`). Where the system gives no huge pages (transparent
-/// huge pages off), the mapping works with 4 KiB ones.
+/// huge pages `never`, or a process launched with `PR_SET_THP_DISABLE`), the
+/// mapping works with 4 KiB ones.
 ///
 /// Measured (docs/performance.md, "Huge pages for large frames"): 1 MiB TCP
 /// writes read into a 200 MiB buffer ran at 4.2-4.4 GB/s into huge pages
