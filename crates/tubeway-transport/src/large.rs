@@ -80,15 +80,29 @@ impl LargeBuffer {
 
     /// The memory it holds.
     pub fn size(&self) -> usize {
-        match &self.mem {
-            Memory::Heap(v) => v.len(),
-            Memory::Mapped(m) => m.len(),
-        }
+        self.mem.all().len()
     }
 
     /// Whether it is a mapping of its own, advised into huge pages.
     pub fn is_mapped(&self) -> bool {
         matches!(self.mem, Memory::Mapped(_))
+    }
+}
+
+impl Memory {
+    /// All of it, past the bytes lent out too.
+    fn all(&self) -> &[u8] {
+        match self {
+            Memory::Heap(v) => v,
+            Memory::Mapped(m) => m,
+        }
+    }
+
+    fn all_mut(&mut self) -> &mut [u8] {
+        match self {
+            Memory::Heap(v) => v,
+            Memory::Mapped(m) => m,
+        }
     }
 }
 
@@ -102,21 +116,13 @@ impl std::ops::Deref for LargeBuffer {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        let all: &[u8] = match &self.mem {
-            Memory::Heap(v) => v,
-            Memory::Mapped(m) => m,
-        };
-        all.get(..self.len).unwrap_or_default()
+        self.mem.all().get(..self.len).unwrap_or_default()
     }
 }
 
 impl std::ops::DerefMut for LargeBuffer {
     fn deref_mut(&mut self) -> &mut [u8] {
-        let all: &mut [u8] = match &mut self.mem {
-            Memory::Heap(v) => v,
-            Memory::Mapped(m) => m,
-        };
-        all.get_mut(..self.len).unwrap_or_default()
+        self.mem.all_mut().get_mut(..self.len).unwrap_or_default()
     }
 }
 

@@ -359,7 +359,7 @@ mod tests {
     }
 
     #[test]
-    fn a_large_frame_is_read_into_huge_pages_and_kept() {
+    fn a_large_frame_is_read_into_a_mapping_of_its_own_and_kept() {
         let pool = FramePool::new(1000, 64 << 20);
         let len = LargeBuffer::HUGE_MIN;
         let frame = lent(&pool, len, 7);
