@@ -143,6 +143,11 @@ fn a_smoke_run_reports_every_figure_with_its_bare_limits() {
                 assert!(sweep
                     .iter()
                     .all(|f| num(&f["msgs_per_sec"]["median"]) > 0.0));
+                // Each point measured in every run, related to the first.
+                assert!(sweep
+                    .iter()
+                    .all(|f| f["msgs_per_sec"]["runs"].as_array().map(Vec::len) == Some(2)));
+                assert_eq!(sweep[1]["baselines"][0]["name"], sweep[0]["label"]);
                 assert!(num(&sweep[1]["baselines"][0]["ratio"]) > 0.0, "{group}");
                 // Pipelined: the async client.
                 assert_eq!(sweep[1]["client"], "async", "{group}");

@@ -53,6 +53,10 @@ AsyncClient. The report names the client of each figure.
 
 Every figure is warmed up, then measured --runs times; the report shows the
 median with the min-max across runs, because a shared machine is noisy.
+The points of a sweep (--connections, --in-flight) are measured in turn
+within each run, each on connections of its own, and every point after the
+first stands beside its ratio to the first: --connections 4,100 gives 100
+connections against 4, taken run by run.
 
 The broker under test is a `tubeway server` child process (mem: inside this
 process), or the one at --url. --wait STRATEGY applies a wait strategy to

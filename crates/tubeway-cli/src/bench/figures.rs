@@ -1,6 +1,8 @@
 //! The figures of one transport and mode, each warmed up, then measured
 //! `runs` times with its bare limits measured in the same runs,
-//! interleaved, so that noise hits both sides of each ratio.
+//! interleaved, so that noise hits both sides of each ratio. The points of
+//! a sweep (connections, requests in flight) are interleaved too, since
+//! each is the other's reference.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -280,57 +282,58 @@ impl Bench<'_> {
         })
     }
 
-    /// Throughput with `connections` connections of `in_flight` each.
+    /// Throughput at every point of a sweep (`connections` or `in_flight`
+    /// from `list`). The points are measured in turn within each run, on
+    /// connections made for that run (see [`interleaved`]), so that a
+    /// machine that changes speed during the sweep weighs on every point
+    /// alike and the ratios between points stay ratios of the same time.
     pub async fn sweep(
         &mut self,
         mode: &dyn Mode,
         group: Group,
-        connections: usize,
-        in_flight: usize,
-    ) -> anyhow::Result<Figure> {
-        let label = match group {
-            Group::InFlight => format!("{in_flight} in flight"),
-            _ => format!(
-                "{connections} connection{}",
-                if connections == 1 { "" } else { "s" }
-            ),
-        };
-        let what = self.what(mode, &label);
+        list: &[usize],
+    ) -> anyhow::Result<Vec<Figure>> {
         let s = self.settings;
-        let payload = s.sweep_payload;
-        let run = async {
-            let work = self.prepare(mode, payload, connections, in_flight).await?;
-            runner::closed_loop(&work, connections, in_flight, s.warmup, false).await?;
-            let (mut ops, mut deliveries, mut drops) = (Vec::new(), Vec::new(), 0);
-            for run in 0..s.runs {
-                self.progress
-                    .doing(format!("{what} run {}/{}", run + 1, s.runs));
-                let out =
-                    runner::closed_loop(&work, connections, in_flight, s.duration, false).await?;
-                ops.push(out.count.rate());
-                deliveries.push(out.tally.deliveries as f64 / out.count.secs);
-                drops += out.tally.drops;
+        let points: Vec<SweepPoint> = list.iter().map(|&n| SweepPoint::new(group, n)).collect();
+        let mut runs: Vec<SweepRuns> = points.iter().map(|_| SweepRuns::default()).collect();
+        for (run, i) in interleaved(points.len(), s.runs) {
+            let (point, runs) = (&points[i], &mut runs[i]);
+            let what = self.what(mode, &point.label);
+            self.progress
+                .doing(format!("{what} run {}/{}", run + 1, s.runs));
+            let one = self.sweep_run(mode, point).await;
+            runs.add(one.map_err(|e| self.explain(e, &what))?);
+            if runs.ops.len() == s.runs {
+                self.progress.done_one();
             }
-            work.close().await;
-            anyhow::Ok((ops, deliveries, drops, work.client()))
-        };
-        let (ops, deliveries, drops, client) = run.await.map_err(|e| self.explain(e, &what))?;
-        let msgs = Stat::of(ops);
-        let publish = mode.name() == "publish";
-        Ok(Figure {
-            group: Some(group),
-            label,
-            payload,
-            connections,
-            in_flight,
-            client: Some(client),
-            mb_per_sec: msgs
-                .as_ref()
-                .and_then(|m| Stat::of(m.runs.iter().map(|r| mb(r * payload as f64)).collect())),
-            msgs_per_sec: msgs,
-            deliveries_per_sec: publish.then(|| Stat::of(deliveries)).flatten(),
-            drops: publish.then_some(drops),
-            ..Figure::default()
+        }
+        Ok(points
+            .into_iter()
+            .zip(runs)
+            .map(|(point, runs)| point.figure(mode, s.sweep_payload, runs))
+            .collect())
+    }
+
+    /// One run of one point: connections made, warmed up, measured once and
+    /// closed.
+    async fn sweep_run(&mut self, mode: &dyn Mode, point: &SweepPoint) -> anyhow::Result<SweepRun> {
+        let s = self.settings;
+        let (lanes, in_flight) = (point.connections, point.in_flight);
+        let work = self
+            .prepare(mode, s.sweep_payload, lanes, in_flight)
+            .await?;
+        let measured = async {
+            runner::closed_loop(&work, lanes, in_flight, s.warmup, false).await?;
+            runner::closed_loop(&work, lanes, in_flight, s.duration, false).await
+        }
+        .await;
+        work.close().await;
+        let out = measured?;
+        Ok(SweepRun {
+            ops: out.count.rate(),
+            deliveries: out.tally.deliveries as f64 / out.count.secs,
+            drops: out.tally.drops,
+            client: work.client(),
         })
     }
 
@@ -438,20 +441,110 @@ impl Bench<'_> {
     }
 }
 
+/// The order of a sweep's measurements, as `(run, point)`: every point
+/// once per run, forward in even runs and backward in odd ones. A shared
+/// or virtual machine drifts, and switches between speeds of its own from
+/// one second to the next; points measured one after the other would
+/// each see a different stretch of it, and the ratio between two points
+/// would measure the machine. In turn, and with the order reversed every
+/// other run, each point sees the same stretches and a steady drift
+/// weighs on the first and the last alike.
+pub fn interleaved(points: usize, runs: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..runs).flat_map(move |run| {
+        (0..points).map(move |k| (run, if run % 2 == 0 { k } else { points - 1 - k }))
+    })
+}
+
+/// A point of a sweep: how many connections, and how many in flight on each.
+struct SweepPoint {
+    group: Group,
+    connections: usize,
+    in_flight: usize,
+    label: String,
+}
+
+impl SweepPoint {
+    fn new(group: Group, n: usize) -> SweepPoint {
+        let (connections, in_flight, label) = match group {
+            Group::InFlight => (1, n, format!("{n} in flight")),
+            _ => (
+                n,
+                1,
+                format!("{n} connection{}", if n == 1 { "" } else { "s" }),
+            ),
+        };
+        SweepPoint {
+            group,
+            connections,
+            in_flight,
+            label,
+        }
+    }
+
+    fn figure(self, mode: &dyn Mode, payload: usize, runs: SweepRuns) -> Figure {
+        let msgs = Stat::of(runs.ops);
+        let publish = mode.name() == "publish";
+        Figure {
+            group: Some(self.group),
+            label: self.label,
+            payload,
+            connections: self.connections,
+            in_flight: self.in_flight,
+            client: runs.client,
+            mb_per_sec: msgs
+                .as_ref()
+                .and_then(|m| Stat::of(m.runs.iter().map(|r| mb(r * payload as f64)).collect())),
+            msgs_per_sec: msgs,
+            deliveries_per_sec: publish.then(|| Stat::of(runs.deliveries)).flatten(),
+            drops: publish.then_some(runs.drops),
+            ..Figure::default()
+        }
+    }
+}
+
+/// What one run of a sweep's point measured.
+struct SweepRun {
+    ops: f64,
+    deliveries: f64,
+    drops: u64,
+    client: ClientKind,
+}
+
+/// The runs of one point so far.
+#[derive(Default)]
+struct SweepRuns {
+    ops: Vec<f64>,
+    deliveries: Vec<f64>,
+    drops: u64,
+    client: Option<ClientKind>,
+}
+
+impl SweepRuns {
+    fn add(&mut self, run: SweepRun) {
+        self.ops.push(run.ops);
+        self.deliveries.push(run.deliveries);
+        self.drops += run.drops;
+        self.client = Some(run.client);
+    }
+}
+
 /// Adds to each figure of a sweep its ratio to the sweep's first figure
-/// (1 connection, 1 in flight), measured in the same run.
-pub fn relate_to_first(figures: &mut [Figure], name: &str) {
-    let Some(first) = figures.first().and_then(|f| f.msgs_per_sec.clone()) else {
+/// (1 connection, say, or 4 connections for `--connections 4,100`),
+/// measured in turn with it in the same runs.
+pub fn relate_to_first(figures: &mut [Figure]) {
+    let Some((first, name)) = figures
+        .first()
+        .and_then(|f| Some((f.msgs_per_sec.clone()?, f.label.clone())))
+    else {
         return;
     };
+    let name = name.as_str();
     for f in figures.iter_mut().skip(1) {
-        let median = f.msgs_per_sec.as_ref().map(|m| m.median);
-        f.baselines.push(Baseline::measured(
-            name,
-            "msg/s",
-            Some(first.clone()),
-            median,
-        ));
+        let baseline = match &f.msgs_per_sec {
+            Some(m) => Baseline::paired(name, "msg/s", first.clone(), m),
+            None => Baseline::measured(name, "msg/s", Some(first.clone()), None),
+        };
+        f.baselines.push(baseline);
     }
 }
 
@@ -470,14 +563,61 @@ mod tests {
     }
 
     #[test]
+    fn a_sweep_measures_its_points_in_turn_and_reverses_every_other_run() {
+        let order: Vec<_> = interleaved(3, 3).collect();
+        assert_eq!(
+            order,
+            [
+                (0, 0),
+                (0, 1),
+                (0, 2),
+                (1, 2),
+                (1, 1),
+                (1, 0),
+                (2, 0),
+                (2, 1),
+                (2, 2)
+            ]
+        );
+        // A machine that halves its speed halfway through two runs: measured
+        // point after point, the first point would be twice the second; in
+        // turn, both see both halves.
+        let speed = |step: usize| if step < 2 { 2.0 } else { 1.0 };
+        let mut seen = [0.0f64; 2];
+        for (step, (_, point)) in interleaved(2, 2).enumerate() {
+            seen[point] += speed(step);
+        }
+        assert_eq!(seen[0], seen[1]);
+        assert_eq!(interleaved(0, 3).count(), 0);
+        assert_eq!(interleaved(4, 0).count(), 0);
+    }
+
+    #[test]
     fn sweeps_relate_to_their_first_figure() {
-        let fig = |rate: f64| Figure {
-            msgs_per_sec: Stat::of(vec![rate]),
+        let fig = |label: &str, runs: &[f64]| Figure {
+            label: label.into(),
+            msgs_per_sec: Stat::of(runs.to_vec()),
             ..Figure::default()
         };
-        let mut figs = vec![fig(100.0), fig(400.0)];
-        relate_to_first(&mut figs, "1 in flight");
+        let mut figs = vec![
+            fig("4 connections", &[100.0]),
+            fig("100 connections", &[400.0]),
+        ];
+        relate_to_first(&mut figs);
         assert!(figs[0].baselines.is_empty());
+        assert_eq!(figs[1].baselines[0].name, "4 connections");
         assert_eq!(figs[1].baselines[0].ratio, Some(4.0));
+
+        // Run by run: the machine halved its speed in the third run, between
+        // the two points. The ratio of the medians (300 against 500) would
+        // say 0.6x; every run but that third says 1.2x, and it counts as
+        // one run.
+        let mut figs = vec![
+            fig("4 connections", &[500.0, 500.0, 500.0, 250.0, 250.0]),
+            fig("100 connections", &[600.0, 600.0, 150.0, 300.0, 300.0]),
+        ];
+        relate_to_first(&mut figs);
+        let ratio = figs[1].baselines[0].ratio.unwrap_or_default();
+        assert!((ratio - 1.2).abs() < 1e-9, "{ratio}");
     }
 }

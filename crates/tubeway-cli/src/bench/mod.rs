@@ -159,7 +159,9 @@ fn method(s: &Settings) -> Method {
         summary: format!(
             "each figure warmed up for {}, then measured in {} run{} of {}, its bare limits \
              measured in the same runs, interleaved; figures are medians (min-max across runs); \
-             ratio = figure / bare limit, medians; the fixed-rate latency is one run of {} \
+             ratio = figure / bare limit, medians; the points of a sweep measured in turn in \
+             each run, ratio to the first point = median of the runs' ratios; the fixed-rate \
+             latency is one run of {} \
              after a warm-up at that rate{}",
             show(s.warmup),
             s.runs,

@@ -170,7 +170,9 @@ pub struct Baseline {
     pub unit: &'static str,
     /// The figure; `None` when no run measured it.
     pub value: Option<Stat>,
-    /// The figure divided by this limit, medians of the same run.
+    /// The figure divided by this limit: the ratio of the medians of the
+    /// same runs, or, for the points of a sweep, which are measured in turn
+    /// within each run, the median of the runs' ratios.
     pub ratio: Option<f64>,
 }
 
@@ -191,6 +193,31 @@ impl Baseline {
             unit,
             value,
             ratio,
+        }
+    }
+
+    /// A reference measured run for run beside `figure`: the ratio is the
+    /// median of the runs' ratios, so that a run in which the machine was
+    /// slow counts as one run, whichever of the two it fell on. Runs without
+    /// a partner (unequal counts) are left out.
+    pub fn paired(
+        name: impl Into<String>,
+        unit: &'static str,
+        value: Stat,
+        figure: &Stat,
+    ) -> Baseline {
+        let ratios: Vec<f64> = figure
+            .runs
+            .iter()
+            .zip(&value.runs)
+            .filter(|(_, v)| **v > 0.0)
+            .map(|(f, v)| f / v)
+            .collect();
+        Baseline {
+            name: name.into(),
+            unit,
+            ratio: median(&ratios),
+            value: Some(value),
         }
     }
 }

@@ -217,27 +217,15 @@ async fn transport_sections(
                 bench.progress.done_one();
             }
         }
-        for (group, list, first) in [
-            (Group::Connections, &s.connections, "1 connection"),
-            (Group::InFlight, &s.in_flight, "1 in flight"),
+        for (group, list) in [
+            (Group::Connections, &s.connections),
+            (Group::InFlight, &s.in_flight),
         ] {
             if !s.wants(group) {
                 continue;
             }
-            let mut sweep = Vec::new();
-            for &n in list {
-                let (c, k) = if group == Group::InFlight {
-                    (1, n)
-                } else {
-                    (n, 1)
-                };
-                sweep.push(bench.sweep(mode, group, c, k).await?);
-                bench.progress.done_one();
-            }
-            // Only a sweep that starts at 1 has a same-run reference to relate to.
-            if list.first() == Some(&1) {
-                relate_to_first(&mut sweep, first);
-            }
+            let mut sweep = bench.sweep(mode, group, list).await?;
+            relate_to_first(&mut sweep);
             figures.extend(sweep);
         }
         if s.wants(Group::RoundTrip) {
