@@ -614,7 +614,7 @@ mod tests {
         // one run.
         let mut figs = vec![
             fig("4 connections", &[500.0, 500.0, 500.0, 250.0, 250.0]),
-            fig("100 connections", &[600.0, 600.0, 150.0, 300.0, 300.0]),
+            fig("100 connections", &[600.0, 600.0, 300.0, 300.0, 300.0]),
         ];
         relate_to_first(&mut figs);
         let ratio = figs[1].baselines[0].ratio.unwrap_or_default();
