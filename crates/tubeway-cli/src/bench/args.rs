@@ -39,12 +39,12 @@ from each message's intended send time, so a stalled sender cannot hide
 queueing: no coordinated omission); peak resident memory of the bench and the
 broker; the broker's memory idle and per idle connection.
 
-Beside each figure stands the bare limit measured in the same run, and the
-ratio to it: a std socket ping-pong moving the same bytes between two
-processes, bare socket streaming (for messages over 1 MiB also through
-buffers of the message's size), memcpy bandwidth; with shared memory, a
-cache-line ping-pong and a ping-pong with a small payload between two
-processes. Their buffers from 4 MiB up are in huge pages, as the
+Beside each figure stand the bare limits measured in the same runs, and
+the ratio to each (the median of the runs' ratios): a std socket ping-pong
+moving the same bytes between two processes, bare socket streaming (for
+messages over 1 MiB also through buffers of the message's size), memcpy
+bandwidth; with shared memory, a cache-line ping-pong and a ping-pong with
+a small payload between two processes. Their buffers from 4 MiB up are in huge pages, as the
 transport's are.
 
 One operation in flight is measured with the blocking tubeway::Client (it

@@ -46,19 +46,21 @@ impl BareRuns {
         }
     }
 
-    /// Each limit's rate (round trips per second) beside `figure` (msg/s).
-    pub fn rates(&self, figure: Option<f64>) -> Vec<Baseline> {
+    /// Each limit's rate (round trips per second) beside `figure` (msg/s),
+    /// measured run for run with it.
+    pub fn rates(&self, figure: Option<&Stat>) -> Vec<Baseline> {
         self.0
             .iter()
             .map(|(name, runs)| {
                 let rates = runs.iter().map(|r| r.count.rate()).collect();
-                Baseline::measured(name.clone(), "msg/s", Stat::of(rates), figure)
+                Baseline::paired(name.clone(), "msg/s", Stat::of(rates), figure)
             })
             .collect()
     }
 
-    /// Each limit's median round trip beside `figure` (a p50, µs).
-    pub fn p50s(&self, figure: f64) -> Vec<Baseline> {
+    /// Each limit's median round trip beside `figure` (the p50 of each run,
+    /// µs), measured run for run with it.
+    pub fn p50s(&self, figure: Option<&Stat>) -> Vec<Baseline> {
         self.0
             .iter()
             .map(|(name, runs)| {
@@ -66,7 +68,7 @@ impl BareRuns {
                     .iter()
                     .filter_map(|r| r.latency.map(|l| l.p50_us))
                     .collect();
-                Baseline::measured(format!("{name} p50"), "us", Stat::of(p50), Some(figure))
+                Baseline::paired(format!("{name} p50"), "us", Stat::of(p50), figure)
             })
             .collect()
     }

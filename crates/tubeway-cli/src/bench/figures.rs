@@ -240,29 +240,28 @@ impl Bench<'_> {
         let mbs = msgs
             .as_ref()
             .and_then(|m| Stat::of(m.runs.iter().map(|r| mb(r * payload as f64)).collect()));
-        let median = |s: &Option<Stat>| s.as_ref().map(|s| s.median);
-        let mut baselines = bare.rates(median(&msgs));
+        let mut baselines = bare.rates(msgs.as_ref());
         if let Some(stream) = Stat::of(stream) {
-            baselines.push(Baseline::measured(
+            baselines.push(Baseline::paired(
                 "bare socket streaming",
                 "MB/s",
                 Some(stream),
-                median(&mbs),
+                mbs.as_ref(),
             ));
         }
         if let Some(stream) = Stat::of(stream_memory) {
-            baselines.push(Baseline::measured(
+            baselines.push(Baseline::paired(
                 STREAM_THROUGH_MEMORY,
                 "MB/s",
                 Some(stream),
-                median(&mbs),
+                mbs.as_ref(),
             ));
         }
-        baselines.push(Baseline::measured(
+        baselines.push(Baseline::paired(
             "memcpy, same size",
             "MB/s",
             Stat::of(copy),
-            median(&mbs),
+            mbs.as_ref(),
         ));
         let publish = mode.name() == "publish";
         Ok(Figure {
@@ -373,6 +372,7 @@ impl Bench<'_> {
         };
         let (ops, lat, bare, curve, client) = run.await.map_err(|e| self.explain(e, &what))?;
         let median = Latency::median(&lat);
+        let p50s = Stat::of(lat.iter().map(|l| l.p50_us).collect());
         Ok(Figure {
             group: Some(Group::RoundTrip),
             label,
@@ -389,7 +389,7 @@ impl Bench<'_> {
                 achieved_rate: None,
                 sender_lag_us: None,
             }),
-            baselines: bare.p50s(median.p50_us),
+            baselines: bare.p50s(p50s.as_ref()),
             ..Figure::default()
         })
     }
@@ -540,10 +540,8 @@ pub fn relate_to_first(figures: &mut [Figure]) {
     };
     let name = name.as_str();
     for f in figures.iter_mut().skip(1) {
-        let baseline = match &f.msgs_per_sec {
-            Some(m) => Baseline::paired(name, "msg/s", first.clone(), m),
-            None => Baseline::measured(name, "msg/s", Some(first.clone()), None),
-        };
+        let baseline =
+            Baseline::paired(name, "msg/s", Some(first.clone()), f.msgs_per_sec.as_ref());
         f.baselines.push(baseline);
     }
 }

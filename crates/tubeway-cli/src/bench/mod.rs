@@ -158,11 +158,10 @@ fn method(s: &Settings) -> Method {
         one_cpu: std::env::var_os(PINNED).is_some(),
         summary: format!(
             "each figure warmed up for {}, then measured in {} run{} of {}, its bare limits \
-             measured in the same runs, interleaved; figures are medians (min-max across runs); \
-             ratio = figure / bare limit, medians; the points of a sweep measured in turn in \
-             each run, ratio to the first point = median of the runs' ratios; the fixed-rate \
-             latency is one run of {} \
-             after a warm-up at that rate{}",
+             measured in the same runs, interleaved, and the points of a sweep in turn; figures \
+             are medians (min-max across runs); ratio = median over the runs of figure / bare \
+             limit (or the sweep's first point) of the same run; the fixed-rate latency is one \
+             run of {} after a warm-up at that rate{}",
             show(s.warmup),
             s.runs,
             if s.runs == 1 { "" } else { "s" },

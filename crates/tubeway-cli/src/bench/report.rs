@@ -170,9 +170,9 @@ pub struct Baseline {
     pub unit: &'static str,
     /// The figure; `None` when no run measured it.
     pub value: Option<Stat>,
-    /// The figure divided by this limit: the ratio of the medians of the
-    /// same runs, or, for the points of a sweep, which are measured in turn
-    /// within each run, the median of the runs' ratios.
+    /// The figure divided by this limit. For a limit measured run for run
+    /// with the figure (every bare limit, and the first point of a sweep),
+    /// the median of the runs' ratios; otherwise the ratio of the medians.
     pub ratio: Option<f64>,
 }
 
@@ -196,28 +196,35 @@ impl Baseline {
         }
     }
 
-    /// A reference measured run for run beside `figure`: the ratio is the
+    /// A limit measured run for run beside `figure`: the ratio is the
     /// median of the runs' ratios, so that a run in which the machine was
-    /// slow counts as one run, whichever of the two it fell on. Runs without
-    /// a partner (unequal counts) are left out.
+    /// slow counts as one run, whichever of the two it fell on, instead of
+    /// setting the median of one side against a run of another speed on
+    /// the other. Runs without a partner (unequal counts) are left out.
     pub fn paired(
         name: impl Into<String>,
         unit: &'static str,
-        value: Stat,
-        figure: &Stat,
+        value: Option<Stat>,
+        figure: Option<&Stat>,
     ) -> Baseline {
-        let ratios: Vec<f64> = figure
-            .runs
-            .iter()
-            .zip(&value.runs)
-            .filter(|(_, v)| **v > 0.0)
-            .map(|(f, v)| f / v)
-            .collect();
+        let ratio = match (&value, figure) {
+            (Some(v), Some(f)) => {
+                let ratios: Vec<f64> = f
+                    .runs
+                    .iter()
+                    .zip(&v.runs)
+                    .filter(|(_, v)| **v > 0.0)
+                    .map(|(f, v)| f / v)
+                    .collect();
+                median(&ratios)
+            }
+            _ => None,
+        };
         Baseline {
             name: name.into(),
             unit,
-            ratio: median(&ratios),
-            value: Some(value),
+            value,
+            ratio,
         }
     }
 }
@@ -275,6 +282,31 @@ mod tests {
         assert_eq!(Baseline::measured("bare", "msg/s", bare, None).ratio, None);
         assert_eq!(
             Baseline::measured("bare", "msg/s", Stat::of(vec![0.0]), Some(1.0)).ratio,
+            None
+        );
+    }
+
+    #[test]
+    fn paired_ratios_are_taken_run_by_run() {
+        // The limit went from 200 to 100 in the third run, and the figure
+        // with it: each run says 0.5x. The medians (150 against 100) would
+        // say 0.67x.
+        let bare = Stat::of(vec![200.0, 200.0, 100.0, 100.0]);
+        let figure = Stat::of(vec![100.0, 100.0, 50.0, 50.0]);
+        let b = Baseline::paired("bare", "msg/s", bare.clone(), figure.as_ref());
+        assert_eq!(b.ratio, Some(0.5));
+        assert_eq!(b.value, bare);
+        // A run without a partner, or with a limit of 0, is left out.
+        let b = Baseline::paired(
+            "bare",
+            "msg/s",
+            Stat::of(vec![0.0, 200.0]),
+            Stat::of(vec![10.0, 100.0, 300.0]).as_ref(),
+        );
+        assert_eq!(b.ratio, Some(0.5));
+        assert_eq!(Baseline::paired("bare", "msg/s", bare, None).ratio, None);
+        assert_eq!(
+            Baseline::paired("bare", "msg/s", None, figure.as_ref()).ratio,
             None
         );
     }
