@@ -532,16 +532,19 @@ impl SweepRuns {
 /// (1 connection, say, or 4 connections for `--connections 4,100`),
 /// measured in turn with it in the same runs.
 pub fn relate_to_first(figures: &mut [Figure]) {
-    let Some((first, name)) = figures
-        .first()
-        .and_then(|f| Some((f.msgs_per_sec.clone()?, f.label.clone())))
-    else {
+    let Some((first, rest)) = figures.split_first_mut() else {
         return;
     };
-    let name = name.as_str();
-    for f in figures.iter_mut().skip(1) {
-        let baseline =
-            Baseline::paired(name, "msg/s", Some(first.clone()), f.msgs_per_sec.as_ref());
+    if first.msgs_per_sec.is_none() {
+        return;
+    }
+    for f in rest {
+        let baseline = Baseline::paired(
+            first.label.as_str(),
+            "msg/s",
+            first.msgs_per_sec.clone(),
+            f.msgs_per_sec.as_ref(),
+        );
         f.baselines.push(baseline);
     }
 }

@@ -221,10 +221,8 @@ impl Baseline {
             _ => None,
         };
         Baseline {
-            name: name.into(),
-            unit,
-            value,
             ratio,
+            ..Baseline::measured(name, unit, value, None)
         }
     }
 }
