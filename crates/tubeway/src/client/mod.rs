@@ -50,7 +50,11 @@ pub struct ClientOptions {
     /// at the price of a core kept busy while waiting. Spinning suits the
     /// blocking [`Client`](blocking::Client), whose waiting thread has
     /// nothing else to do; an [`AsyncClient`] spins on a thread of its
-    /// runtime.
+    /// runtime. Every turn that spinning reader gives its runtime wakes
+    /// an idle worker of a multi-threaded one (tokio's rule), which on a
+    /// machine of two CPUs takes the CPU the broker needs: there a runtime
+    /// of one worker serves an `AsyncClient` over `shm://` best (see
+    /// docs/performance.md).
     pub wait: Option<WaitStrategy>,
     /// How many calls of this connection's synchronous handlers
     /// ([`AsyncClient::serve`]) may run at once (512), each on a thread of
