@@ -367,6 +367,26 @@ fn the_lone_client_is_the_one_asked_for() {
 }
 
 #[test]
+fn the_method_names_the_runtime_of_the_async_client() {
+    for workers in ["1", "3"] {
+        let mut cmd = tubeway();
+        cmd.env("TOKIO_WORKER_THREADS", workers)
+            .args(["bench", "--json", "--transport", "mem", "--client", "async"])
+            .args(["--figures", "round-trip"])
+            .args(TINY);
+        let report = report_of(&mut cmd);
+        let method = &report["method"];
+        assert_eq!(method["runtime_workers"].to_string(), workers, "{method}");
+        let summary = method["summary"].as_str().expect("a summary");
+        let plural = if workers == "1" { "" } else { "s" };
+        assert!(
+            summary.ends_with(&format!("a runtime of {workers} worker{plural}")),
+            "{summary}"
+        );
+    }
+}
+
+#[test]
 fn the_table_is_for_people() {
     let mut cmd = tubeway();
     cmd.args([

@@ -49,7 +49,9 @@ transport's are.
 
 One operation in flight is measured with the blocking tubeway::Client (it
 drives its connection from the calling thread); anything pipelined with the
-AsyncClient. The report names the client of each figure.
+AsyncClient. The report names the client of each figure, and its method line
+the workers of the runtime the AsyncClient runs on (one per CPU, or
+TOKIO_WORKER_THREADS).
 
 Every figure is warmed up, then measured --runs times; the report shows the
 median with the min-max across runs, because a shared machine is noisy.

@@ -146,8 +146,14 @@ fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// Worker threads of the runtime this runs on; 1 outside a multi-threaded one.
+fn runtime_workers() -> usize {
+    tokio::runtime::Handle::try_current().map_or(1, |h| h.metrics().num_workers())
+}
+
 fn method(s: &Settings) -> Method {
     let show = |d: Duration| humantime::format_duration(d).to_string();
+    let workers = runtime_workers();
     Method {
         warmup_ms: ms(s.warmup),
         duration_ms: ms(s.duration),
@@ -156,12 +162,14 @@ fn method(s: &Settings) -> Method {
         rate: s.rate,
         quick: s.quick,
         one_cpu: std::env::var_os(PINNED).is_some(),
+        runtime_workers: workers,
         summary: format!(
             "each figure warmed up for {}, then measured in {} run{} of {}, its bare limits \
              measured in the same runs, interleaved, and the points of a sweep in turn; figures \
              are medians (min-max across runs); ratio = median over the runs of figure / bare \
              limit (or the sweep's first point) of the same run; the fixed-rate latency is one \
-             run of {} after a warm-up at that rate{}",
+             run of {} after a warm-up at that rate{}; AsyncClient tasks on a runtime of {} \
+             worker{}",
             show(s.warmup),
             s.runs,
             if s.runs == 1 { "" } else { "s" },
@@ -172,6 +180,8 @@ fn method(s: &Settings) -> Method {
             } else {
                 "; threads placed by the scheduler on every CPU"
             },
+            workers,
+            if workers == 1 { "" } else { "s" },
         ),
     }
 }

@@ -43,6 +43,10 @@ pub struct Method {
     pub quick: bool,
     /// Whether everything ran on one CPU (`--one-cpu`).
     pub one_cpu: bool,
+    /// Worker threads of the runtime that runs the `AsyncClient` tasks
+    /// (`TOKIO_WORKER_THREADS`, else one per CPU): on a small machine the
+    /// async figures over shm depend on it (docs/performance.md).
+    pub runtime_workers: usize,
     /// In words.
     pub summary: String,
 }
