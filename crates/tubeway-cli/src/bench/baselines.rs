@@ -98,7 +98,8 @@ impl BareRuns {
     }
 }
 
-fn mb(bytes_per_sec: f64) -> f64 {
+/// Bytes per second as MB/s (10^6 bytes), the unit of every bandwidth figure.
+pub(super) fn mb(bytes_per_sec: f64) -> f64 {
     bytes_per_sec / 1e6
 }
 

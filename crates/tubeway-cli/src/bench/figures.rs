@@ -13,7 +13,7 @@ use tubeway::ClientOptions;
 
 use super::args::{Group, LoneClient, Settings};
 use super::bare::{self, Peer, STREAM_CHUNK};
-use super::baselines::BareRuns;
+use super::baselines::{mb, BareRuns};
 use super::channel_peer::ChannelPeer;
 use super::latency::{self, Latency};
 use super::memory::Proc;
@@ -59,8 +59,9 @@ pub struct Bench<'a> {
     pub dir: &'a Path,
 }
 
-fn mb(bytes_per_sec: f64) -> f64 {
-    bytes_per_sec / 1e6
+/// Each run's payload MB/s at the rates (msg/s) of `msgs`.
+fn mb_per_sec(msgs: Option<&Stat>, payload: usize) -> Option<Stat> {
+    msgs.and_then(|m| Stat::of(m.runs.iter().map(|r| mb(r * payload as f64)).collect()))
 }
 
 /// `5 KB`, `2 MiB`, `64 B`: the way sizes were given.
@@ -237,9 +238,7 @@ impl Bench<'_> {
         }
         work.close().await;
         let msgs = Stat::of(ops);
-        let mbs = msgs
-            .as_ref()
-            .and_then(|m| Stat::of(m.runs.iter().map(|r| mb(r * payload as f64)).collect()));
+        let mbs = mb_per_sec(msgs.as_ref(), payload);
         let mut baselines = bare.rates(msgs.as_ref());
         if let Some(stream) = Stat::of(stream) {
             baselines.push(Baseline::paired(
@@ -491,9 +490,7 @@ impl SweepPoint {
             connections: self.connections,
             in_flight: self.in_flight,
             client: runs.client,
-            mb_per_sec: msgs
-                .as_ref()
-                .and_then(|m| Stat::of(m.runs.iter().map(|r| mb(r * payload as f64)).collect())),
+            mb_per_sec: mb_per_sec(msgs.as_ref(), payload),
             msgs_per_sec: msgs,
             deliveries_per_sec: publish.then(|| Stat::of(runs.deliveries)).flatten(),
             drops: publish.then_some(runs.drops),
