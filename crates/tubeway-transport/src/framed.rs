@@ -108,6 +108,17 @@ pub struct FrameReader {
     seat: Option<SpinSeat>,
     /// Frames returned since the reader last waited or gave a turn.
     in_a_row: u32,
+    /// The last poll was pending, waiting to be woken through the stream.
+    asleep: bool,
+}
+
+/// How a reader was when [lent](FrameReader::lend).
+#[derive(Debug)]
+#[must_use = "a lent reader is taken back with it"]
+pub struct Lent {
+    asleep: bool,
+    /// A wait announced on shared memory was withdrawn.
+    withdrew: bool,
 }
 
 impl FrameReader {
@@ -125,6 +136,7 @@ impl FrameReader {
             woke_itself: false,
             seat: None,
             in_a_row: 0,
+            asleep: false,
         }
     }
 
@@ -147,6 +159,60 @@ impl FrameReader {
     pub fn set_wait_strategy(&mut self, wait: WaitStrategy) {
         self.wait = wait;
         self.spin = Spin::default();
+    }
+
+    /// The next wait sleeps at once, without spinning; the waits after the
+    /// next frame spin again by the strategy. For a reader whose owner
+    /// expects nothing soon: another polled it for the answer it wanted,
+    /// and will again for the next.
+    pub fn sleep_next(&mut self) {
+        self.spin.parked = self.wait.spins();
+    }
+
+    /// Whether this reader shares its threads with more spinning readers
+    /// than they number: it then looks once per poll, in turn with them,
+    /// instead of spinning in place (see [`SpinGroup`]).
+    pub fn crowded(&self) -> bool {
+        self.seat.as_ref().is_some_and(SpinSeat::crowded)
+    }
+
+    /// Lends this reader to someone who polls it for a while without
+    /// sleeping, with a waker that wakes nothing (a caller reading its own
+    /// answer): it stops waiting to be woken through the stream, and spins
+    /// anew by the strategy, at once. What it returns tells
+    /// [`take_back`](Self::take_back) how to put the reader back as it was.
+    pub fn lend(&mut self) -> Lent {
+        let lent = Lent {
+            asleep: std::mem::take(&mut self.asleep),
+            withdrew: self.reader.withdraw_wait(),
+        };
+        self.spin = Spin {
+            yielded: true,
+            ..Spin::default()
+        };
+        lent
+    }
+
+    /// Takes back a reader [lent](Self::lend), once the borrower got what
+    /// it wanted without its poll ever having been pending: one that was
+    /// asleep sleeps again, waiting to be woken through the stream as
+    /// before, with the waker it had. False when it cannot, and must be
+    /// polled: bytes of a next frame were read with the borrower's, or came
+    /// meanwhile, or the peer hung up.
+    pub fn take_back(&mut self, lent: Lent) -> bool {
+        if self.has_buffered() {
+            return false;
+        }
+        if !lent.asleep {
+            // Its owner polls it again anyway.
+            return true;
+        }
+        self.spin = Spin {
+            parked: self.wait.spins(),
+            ..Spin::default()
+        };
+        self.asleep = true;
+        !lent.withdrew || self.reader.resume_wait()
     }
 
     /// Says that handling the last frame woke no task on this thread: a
@@ -277,6 +343,7 @@ impl FrameReader {
     /// Reads more bytes into the buffer, waiting by the strategy.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         self.woke_itself = false;
+        self.asleep = false;
         if !self.wait.spins() || self.spin.parked {
             if std::mem::take(&mut self.spin.readable) {
                 if let Poll::Ready(r) = self.try_fill_now() {
@@ -290,6 +357,7 @@ impl FrameReader {
             let Poll::Ready(r) = read else {
                 // Asleep: the thread's other tasks run meanwhile.
                 self.in_a_row = 0;
+                self.asleep = true;
                 return Poll::Pending;
             };
             return Poll::Ready(self.count(r));

@@ -21,7 +21,9 @@ mod url;
 mod wait;
 
 pub use conn::{connect, Connection, Listener};
-pub use framed::{FrameReader, FrameWriter, ReadError, WriteError, WriteStats, WRITE_QUEUE_BYTES};
+pub use framed::{
+    FrameReader, FrameWriter, Lent, ReadError, WriteError, WriteStats, WRITE_QUEUE_BYTES,
+};
 pub use large::LargeBuffer;
 pub use pool::FramePool;
 pub use stream::{ReadHalf, WriteHalf};

@@ -256,6 +256,28 @@ impl ReadHalf {
         Poll::Ready(Ok(into.filled().len()))
     }
 
+    /// Stops waiting to be woken through the stream, for a reader that
+    /// polls without sleeping for a while: true when a wait announced to
+    /// the peer was withdrawn (shared memory), to announce again with
+    /// [`resume_wait`](Self::resume_wait). A socket's wait stays registered
+    /// with the reactor, which costs the peer nothing.
+    pub fn withdraw_wait(&mut self) -> bool {
+        match &mut self.inner {
+            ReadInner::Shm(r) => r.withdraw_wait(),
+            ReadInner::Socket(_) => false,
+        }
+    }
+
+    /// Announces again the wait [`withdraw_wait`](Self::withdraw_wait)
+    /// withdrew, for the task registered before; false when something came
+    /// meanwhile or the peer hung up: the reader must then be polled.
+    pub fn resume_wait(&mut self) -> bool {
+        match &mut self.inner {
+            ReadInner::Shm(r) => r.resume_wait(),
+            ReadInner::Socket(_) => true,
+        }
+    }
+
     /// Reads what is available now, asking the kernel itself (one system
     /// call on a socket, none on shared memory): for a reader that spins,
     /// since the reactor's view is only as fresh as its last poll.

@@ -168,6 +168,30 @@ impl ShmReader {
         Err(io::ErrorKind::WouldBlock.into())
     }
 
+    /// Withdraws the announcement that this reader sleeps, if it made one.
+    pub(crate) fn withdraw_wait(&mut self) -> bool {
+        if !self.announced {
+            return false;
+        }
+        self.rx.withdraw_wait();
+        self.announced = false;
+        true
+    }
+
+    /// Announces again that this reader sleeps, the task it last registered
+    /// on the doorbell to be woken; false, announcing nothing, when that
+    /// task is not registered, the ring holds something, or the peer hung up.
+    pub(crate) fn resume_wait(&mut self) -> bool {
+        if self.readable.is_none() || self.waiter.bell.hung_up() {
+            return false;
+        }
+        if !self.rx.announce_doorbell_wait() {
+            return false;
+        }
+        self.announced = true;
+        true
+    }
+
     /// Sleeps on the doorbell until the ring may have something.
     pub(crate) fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         loop {

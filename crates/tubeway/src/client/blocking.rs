@@ -31,7 +31,7 @@ use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::runtime::{Builder, Handle, Runtime};
@@ -42,7 +42,8 @@ use tubeway_proto::{ops, Message};
 use tubeway_transport::Url;
 use uuid::Uuid;
 
-use super::connection::{Conn, Reader, Waits};
+use super::connection::{Conn, Waits};
+use super::slot::{Held, ReaderSlot};
 use super::{function_call, AsyncClient, ClientOptions, HandlerError, Started};
 use crate::{Error, Result};
 
@@ -199,84 +200,14 @@ fn interrupted() -> bool {
 struct Driver {
     rt: Option<Runtime>,
     background: Arc<BackgroundShared>,
-    /// The connection's reader while nobody runs it (boxed: it changes
-    /// hands on every call).
-    reader: Mutex<Option<Box<Reader>>>,
-    /// Signalled when the reader is put back.
-    reader_free: Notify,
+    /// The connection's reader while nobody runs it.
+    slot: ReaderSlot,
     conn: OnceLock<Arc<Conn>>,
-    /// The waker of a wait that runs outside the runtime (see
-    /// [`Driver::spin_on`]): nothing needs waking, the thread is polling.
-    spinning: Waker,
-}
-
-/// A waker for a thread that polls by itself.
-struct Polling;
-
-impl Wake for Polling {
-    fn wake(self: Arc<Self>) {}
-
-    // Not the default, which clones the Arc to call `wake`: a spinning
-    // reader wakes its task once per message.
-    fn wake_by_ref(self: &Arc<Self>) {}
 }
 
 impl std::fmt::Debug for Driver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Driver").finish_non_exhaustive()
-    }
-}
-
-/// The reader, held by whoever runs it; put back for the next when dropped.
-struct Held<'a> {
-    driver: &'a Driver,
-    reader: Option<Box<Reader>>,
-}
-
-impl Held<'_> {
-    /// Polls the reader; false once it has ended (the connection closed).
-    fn poll(&mut self, cx: &mut Context<'_>) -> bool {
-        self.poll_for(cx, None).is_pending()
-    }
-
-    /// Whether the reader spins (see [`Reader::spinning`]).
-    fn spinning(&self) -> bool {
-        self.reader.as_ref().is_some_and(|r| r.spinning())
-    }
-
-    /// Polls the reader for the response to `id`, a call that is not
-    /// registered (see [`Reader::poll_read`]): `None` once the connection
-    /// has ended.
-    fn poll_answer(&mut self, cx: &mut Context<'_>, id: Uuid) -> Poll<Option<Box<Message>>> {
-        self.poll_for(cx, Some(id))
-    }
-
-    /// Blocks until the connection may have bytes to read, or `deadline`
-    /// passes (see [`Reader::wait_readable`]).
-    fn wait_readable(&mut self, deadline: Option<Instant>) -> bool {
-        self.reader
-            .as_mut()
-            .is_some_and(|r| r.wait_readable(deadline))
-    }
-
-    fn poll_for(&mut self, cx: &mut Context<'_>, id: Option<Uuid>) -> Poll<Option<Box<Message>>> {
-        let Some(reader) = self.reader.as_mut() else {
-            return Poll::Ready(None);
-        };
-        let read = reader.poll_read(cx, id);
-        if let Poll::Ready(None) = read {
-            self.reader = None;
-        }
-        read
-    }
-}
-
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        if let Some(r) = self.reader.take() {
-            *self.driver.lock_reader() = Some(r);
-            self.driver.reader_free.notify_one();
-        }
     }
 }
 
@@ -331,24 +262,14 @@ impl Driver {
         Ok(Arc::new(Driver {
             rt: Some(rt),
             background: Arc::default(),
-            reader: Mutex::new(None),
-            reader_free: Notify::new(),
+            slot: ReaderSlot::default(),
             conn: OnceLock::new(),
-            spinning: Waker::from(Arc::new(Polling)),
         }))
-    }
-
-    fn lock_reader(&self) -> std::sync::MutexGuard<'_, Option<Box<Reader>>> {
-        self.reader.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Takes the reader if nobody runs it.
     fn take_reader(&self) -> Option<Held<'_>> {
-        let r = self.lock_reader().take()?;
-        Some(Held {
-            driver: self,
-            reader: Some(r),
-        })
+        self.slot.take()
     }
 
     /// Whether the connection's writer has frames for its task to write.
@@ -404,7 +325,7 @@ impl Driver {
         let mut held = self.take_reader()?;
         // The runtime's context, for what `f` and the reader register.
         let _context = self.rt().enter();
-        let mut cx = Context::from_waker(&self.spinning);
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
         if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
             return Some(v);
         }
@@ -466,7 +387,7 @@ impl Driver {
         // Unless the frame waits for the writer's task, which only the
         // runtime runs.
         if unsent.is_none() && !self.write_backlog() {
-            let mut cx = Context::from_waker(&self.spinning);
+            let mut cx = Context::from_waker(futures::task::noop_waker_ref());
             // Twice: for a spinning reader that yields once before it spins;
             // for a sleeping one, a second wait is for the rest of a large
             // answer or for the answer after another message.
@@ -498,7 +419,7 @@ impl Driver {
     fn drive<F: Future>(&self, mut f: Pin<&mut F>, deadline: Option<Instant>) -> Option<F::Output> {
         self.rt().block_on(async {
             let mut held: Option<Held<'_>> = None;
-            let free = self.reader_free.notified();
+            let free = self.slot.notified();
             tokio::pin!(free);
             let expiry = deadline.map(|d| tokio::time::sleep_until(d.into()));
             tokio::pin!(expiry);
@@ -521,7 +442,7 @@ impl Driver {
                     held = self.take_reader();
                     if held.is_none() {
                         if free.as_mut().poll(cx).is_ready() {
-                            free.set(self.reader_free.notified());
+                            free.set(self.slot.notified());
                             continue;
                         }
                         // Another thread reads; it wakes us with our answer.
@@ -560,7 +481,7 @@ impl Driver {
         tokio::pin!(stop);
         stop.as_mut().enable();
         let mut held = loop {
-            let free = self.reader_free.notified();
+            let free = self.slot.notified();
             tokio::pin!(free);
             free.as_mut().enable();
             if let Some(h) = self.take_reader() {
@@ -807,7 +728,7 @@ impl Client {
         let exec = Exec::Own(driver.clone());
         let (inner, reader) =
             exec.block_on(AsyncClient::connect_parts(url, options, true, None))??;
-        *driver.lock_reader() = Some(Box::new(reader));
+        driver.slot.put(reader);
         // A task left with work when the call that made it returns (a
         // oneway message still queued, a message going back to its queue)
         // has the background thread run it.

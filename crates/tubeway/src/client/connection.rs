@@ -2,11 +2,12 @@
 //! reader uses to hand each incoming message to whoever waits for it.
 //!
 //! The reader is a future ([`Reader`]): the async client spawns it as a
-//! task; the blocking client lets the thread that waits for an answer poll
-//! it, so the answer is read on the thread that wants it. A blocking call
-//! with no other in flight asks the reader for its own answer
-//! ([`Reader::poll_read`]), which then needs no registration, no channel
-//! and no wake-up.
+//! task, or, when it spins on a multi-threaded runtime, a task that runs it
+//! from a slot between the callers that borrow it (see `slot.rs`); the
+//! blocking client lets the thread that waits for an answer poll it, so the
+//! answer is read on the thread that wants it. A call with no other in
+//! flight asks the reader for its own answer ([`Reader::poll_read`]), which
+//! then needs no registration, no channel and no wake-up.
 
 use std::collections::hash_map::{Entry, HashMap};
 use std::future::Future;
@@ -26,7 +27,7 @@ use tubeway_broker::handlers::Handlers;
 use tubeway_proto::{
     codec, ops, Decoded, EncodedFrame, Message, MessageType, ResponseStatus, MIME_TEXT,
 };
-use tubeway_transport::{FramePool, FrameReader, FrameWriter, SpinGroup, Url, WaitStrategy};
+use tubeway_transport::{FramePool, FrameReader, FrameWriter, Lent, SpinGroup, Url, WaitStrategy};
 use uuid::Uuid;
 
 use super::worker::HandlerError;
@@ -405,6 +406,37 @@ impl Reader {
     pub(crate) fn wait_readable(&mut self, deadline: Option<std::time::Instant>) -> bool {
         // A failure shows in the next read.
         self.frames.wait_readable(deadline).unwrap_or(true)
+    }
+
+    /// The next wait sleeps at once (see [`FrameReader::sleep_next`]).
+    pub(crate) fn sleep_next(&mut self) {
+        self.frames.sleep_next();
+    }
+
+    /// Lends the reader to a caller reading its own answer (see
+    /// [`FrameReader::lend`]).
+    pub(crate) fn lend(&mut self) -> Lent {
+        self.frames.lend()
+    }
+
+    /// Takes back a reader lent (see [`FrameReader::take_back`]): false
+    /// when its owner must poll it.
+    pub(crate) fn take_back(&mut self, lent: Lent) -> bool {
+        self.routing.is_none() && self.frames.take_back(lent)
+    }
+
+    /// Whether a caller may read its own answer with this reader: it
+    /// spins, and in place, not in turn with other readers of its threads
+    /// (see [`FrameReader::crowded`]).
+    pub(crate) fn lendable(&self) -> bool {
+        !self.ended && !self.frames.crowded()
+    }
+
+    /// Whether the reader may sleep until something comes: nothing on the
+    /// connection waits for the broker (see [`Conn::expects_nothing`]),
+    /// and a caller would read its own answer.
+    pub(crate) fn may_rest(&self) -> bool {
+        self.lendable() && self.conn.expects_nothing()
     }
 
     fn new(conn: Arc<Conn>, frames: FrameReader) -> Reader {
@@ -913,6 +945,15 @@ impl Conn {
         Ok(true)
     }
 
+    /// Forgets call `id` begun unregistered and then not made after all:
+    /// its message may start again as any other, with its id.
+    pub(crate) fn unbegin(&self, id: Uuid) {
+        let mut s = self.lock();
+        if s.unregistered == Some(id) {
+            s.unregistered = None;
+        }
+    }
+
     /// Registers a call begun unregistered whose answer its caller will
     /// now wait for as any other's: it must not have been read yet.
     pub(crate) fn register_sent(
@@ -1117,6 +1158,17 @@ impl Conn {
     #[cfg(test)]
     pub(crate) fn pending_len(&self) -> usize {
         self.lock().pending.len()
+    }
+
+    /// Whether nothing on this connection waits for the broker: no call in
+    /// flight, none given up whose answer may still come, no subscription,
+    /// no served function. Only a close (or a stray answer) can arrive then.
+    pub(crate) fn expects_nothing(&self) -> bool {
+        let s = self.lock();
+        s.pending.is_empty()
+            && s.abandoned.is_empty()
+            && s.subscriptions.is_empty()
+            && s.workers.is_empty()
     }
 
     /// Whether frames wait to be written: the writer's task must run.

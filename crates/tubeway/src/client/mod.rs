@@ -1,8 +1,8 @@
 //! The async client and its options.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::task::Poll;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
@@ -17,11 +17,13 @@ use crate::{Error, Result};
 
 pub mod blocking;
 mod connection;
+mod slot;
 mod subscription;
 mod worker;
 
 pub use connection::Responder;
 use connection::{poll_queue, Conn, HandedOver, Waits};
+use slot::ReaderSlot;
 pub use subscription::{Batch, Subscription, SubscriptionHandle};
 pub use worker::{HandlerError, Worker};
 
@@ -49,12 +51,15 @@ pub struct ClientOptions {
     /// wake-up (tens of microseconds across cores) out of every round trip,
     /// at the price of a core kept busy while waiting. Spinning suits the
     /// blocking [`Client`](blocking::Client), whose waiting thread has
-    /// nothing else to do; an [`AsyncClient`] spins on a thread of its
-    /// runtime. Every turn that spinning reader gives its runtime wakes
-    /// an idle worker of a multi-threaded one (tokio's rule), which on a
-    /// machine of two CPUs takes the CPU the broker needs: there a runtime
-    /// of one worker serves an `AsyncClient` over `shm://` best (see
-    /// docs/performance.md).
+    /// nothing else to do. An [`AsyncClient`] spins on a thread of its
+    /// runtime, a multi-threaded one only: a call with no other in flight
+    /// spins for its own answer within its task's poll, for at most one
+    /// slice (50 µs), and the connection's reader sleeps while nothing else
+    /// is expected. Every turn a spinning task gives a multi-threaded
+    /// runtime wakes one of its idle workers (tokio's rule), so calls in a
+    /// loop on two CPUs still see a few such wake-ups in their tail (one
+    /// per 128 calls, when the task's budget is spent); a runtime of one
+    /// worker has none to wake (see docs/performance.md).
     pub wait: Option<WaitStrategy>,
     /// How many calls of this connection's synchronous handlers
     /// ([`AsyncClient::serve`]) may run at once (512), each on a thread of
@@ -131,6 +136,9 @@ struct Inner {
     options: ClientOptions,
     welcome: ops::Welcome,
     wait: WaitStrategy,
+    /// Where the connection's reader waits between polls, when callers
+    /// may read their own answers (see [`AsyncClient::request_timeout`]).
+    slot: OnceLock<Arc<ReaderSlot>>,
 }
 
 impl Drop for Inner {
@@ -170,16 +178,22 @@ impl AsyncClient {
     /// [`tubeway_transport::SpinGroup`]).
     pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Self> {
         let handle = tokio::runtime::Handle::current();
-        let (client, reader) = match handle.runtime_flavor() {
-            tokio::runtime::RuntimeFlavor::CurrentThread => {
-                Self::connect_parts(url, options, false, None).await?
-            }
-            _ => {
-                let group = async_readers(&handle);
-                Self::connect_parts(url, options, true, Some(group)).await?
-            }
-        };
-        tokio::spawn(reader);
+        let multi_thread = !matches!(
+            handle.runtime_flavor(),
+            tokio::runtime::RuntimeFlavor::CurrentThread
+        );
+        let group = multi_thread.then(|| async_readers(&handle));
+        let (client, reader) = Self::connect_parts(url, options, multi_thread, group).await?;
+        if client.wait_strategy().spins() {
+            // Callers may read their own answers: the reader waits for them
+            // in a slot between the polls of its task.
+            let slot = Arc::new(ReaderSlot::default());
+            slot.put(reader);
+            tokio::spawn(slot.clone().run());
+            let _ = client.inner.slot.set(slot);
+        } else {
+            tokio::spawn(reader);
+        }
         tokio::spawn(client.conn_arc().sweeper());
         Ok(client)
     }
@@ -210,6 +224,7 @@ impl AsyncClient {
                 options,
                 welcome: est.welcome,
                 wait: est.wait,
+                slot: OnceLock::new(),
             }),
         };
         Ok((client, est.reader))
@@ -217,6 +232,15 @@ impl AsyncClient {
 
     pub(crate) fn conn(&self) -> &Conn {
         &self.inner.conn
+    }
+
+    /// How many of this client's calls read their own answers (see
+    /// [`AsyncClient::call_inline`]).
+    #[cfg(test)]
+    pub(crate) fn answered_inline(&self) -> usize {
+        self.inner.slot.get().map_or(0, |s| {
+            s.answered_inline.load(std::sync::atomic::Ordering::Relaxed)
+        })
     }
 
     pub(crate) fn conn_arc(&self) -> Arc<Conn> {
@@ -293,9 +317,76 @@ impl AsyncClient {
 
     /// Sends any message and returns its response, waiting at most `timeout`.
     pub async fn request_timeout(&self, msg: Message, timeout: Duration) -> Result<Message> {
+        let msg = match self.inner.slot.get() {
+            Some(slot) => match self.call_inline(slot, msg)? {
+                Inline::Answered(answer) => {
+                    // As any tokio resource that was ready: a task calling in
+                    // a loop must still let the others of its thread run.
+                    tokio::task::consume_budget().await;
+                    return Ok(*answer);
+                }
+                Inline::Waiting(started) => return started.finish(timeout).await,
+                Inline::Declined(msg) => msg,
+            },
+            None => msg,
+        };
         // None past the clock's range: no deadline, as a timer would not fire either.
         let deadline = tokio::time::Instant::now().checked_add(timeout);
         self.start_until(msg, deadline)?.finish(timeout).await
+    }
+
+    /// Starts a call that may be answered at once, as the blocking client's
+    /// calls are: when the reader rests (nothing else is expected) and no
+    /// other call is in flight, writes it and polls the connection's reader
+    /// for its answer right here, for one slice of the reader's spin. A
+    /// call answered so costs no registration, no channel, and no task
+    /// woken; the reader's own task, whose spinning would give the runtime
+    /// a turn and wake an idle worker each time, sleeps meanwhile (see
+    /// [`ReaderSlot::run`]). Otherwise the call is registered before the
+    /// reader is put back, and waits as any other; or, when the reader is
+    /// busy or another call is in flight, it is declined, to start as
+    /// usual.
+    fn call_inline(&self, slot: &ReaderSlot, msg: Message) -> Result<Inline<'_>> {
+        // With calls in flight (many, when they are pipelined) the reader
+        // is left alone, and that is known without a lock.
+        let conn = self.conn();
+        if !slot.resting() || !conn.begin_unregistered(&msg)? {
+            return Ok(Inline::Declined(msg));
+        }
+        // Lent before the request goes: a reader asleep on shared memory
+        // stops asking the broker to ring for the answer.
+        let lent = slot.take().and_then(|mut held| held.lend().then_some(held));
+        let Some(mut held) = lent else {
+            conn.unbegin(msg.id);
+            return Ok(Inline::Declined(msg));
+        };
+        let (id, waits) = (msg.id, Waits::of(&msg));
+        let frame = conn.encode_owned(msg)?;
+        let unsent = conn.try_send_as(frame, false)?;
+        // Unless the frame waits for the writer's task, which only the
+        // runtime runs.
+        if unsent.is_none() && !conn.write_backlog() {
+            // Nothing to wake: this poll is the wait. Polled once, the
+            // reader spins for at most one slice and then gives up, so the
+            // task keeps its thread no longer than the reader's task would.
+            let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+            match held.poll_answer(&mut cx, id) {
+                Poll::Ready(Some(answer)) => {
+                    held.undisturbed();
+                    #[cfg(test)]
+                    slot.answered_inline
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return Ok(Inline::Answered(answer));
+                }
+                Poll::Ready(None) => return Err(conn.closed_error()),
+                Poll::Pending => {}
+            }
+        }
+        // Registered before the reader is put back: its answer has not been
+        // read, so whoever reads next routes it to the call.
+        let started = self.started_unregistered(id, waits, unsent)?;
+        drop(held);
+        Ok(Inline::Waiting(started))
     }
 
     /// The part of a request that needs no waiting: registered for its
@@ -740,6 +831,16 @@ impl AsyncClient {
         self.call(Message::new(MessageType::Ping)).await?;
         Ok(start.elapsed())
     }
+}
+
+/// How [`AsyncClient::call_inline`] left a call.
+enum Inline<'a> {
+    /// Its answer, read by the caller.
+    Answered(Box<Message>),
+    /// Registered, waiting for its answer as any other.
+    Waiting(Started<'a>),
+    /// Not started: to start as usual.
+    Declined(Message),
 }
 
 /// A oneway message that [`AsyncClient::launch_oneway`] could not write at

@@ -16,6 +16,12 @@ use crate::{Client, Error};
 /// Upper bound for any single step, so a bug fails a test instead of hanging it.
 const STEP: Duration = Duration::from_secs(5);
 
+/// Held by each test whose async clients spin on a multi-threaded runtime:
+/// their readers join one group per process (see [`super::async_readers`]),
+/// whose readers stop spinning in place, and stop being lent to callers,
+/// once they outnumber its threads.
+static SPINNING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn within<F: Future>(f: F) -> F::Output {
     tokio::time::timeout(STEP, f)
         .await
@@ -1479,6 +1485,7 @@ async fn a_client_on_a_current_thread_runtime_never_spins() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_on_a_multi_thread_runtime_waits_as_asked() {
+    let _alone = SPINNING.lock().await;
     let spin = ClientOptions {
         wait: Some(tubeway_transport::WaitStrategy::BusySpin),
         ..ClientOptions::default()
@@ -1494,6 +1501,7 @@ async fn a_client_on_a_multi_thread_runtime_waits_as_asked() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spinning_reader_stops_when_the_client_closes() {
+    let _alone = SPINNING.lock().await;
     let spin = ClientOptions {
         wait: Some(tubeway_transport::WaitStrategy::BusySpin),
         ..ClientOptions::default()
@@ -1943,4 +1951,239 @@ async fn a_call_begun_unregistered_keeps_its_id() {
         .answer_waiting_call(Box::new(msg.response(ResponseStatus::Ok)))
         .is_none());
     assert_eq!(within(rx).await.unwrap().correlation_id, Some(msg.id));
+}
+
+/// A client whose reader spins, on a runtime of two workers: its calls may
+/// read their own answers. Over a socket pair (`mem`), or over shared
+/// memory, whose sleeping reader asks the peer to ring for it.
+async fn spinning_pair(shm: bool) -> (AsyncClient, Peer) {
+    let url = if shm {
+        Url::Shm {
+            name: format!("client-test-{}", Uuid::new_v4().simple()),
+            ring: None,
+        }
+    } else {
+        mem_url()
+    };
+    let mut listener = Listener::bind(&url).await.unwrap();
+    let options = ClientOptions {
+        wait: Some(WaitStrategy::BusySpin),
+        ..ClientOptions::default()
+    };
+    let url = url.to_string();
+    let (client, peer) = tokio::join!(AsyncClient::connect_with(&url, options), async {
+        let mut peer = accept(&mut listener).await;
+        welcome(&mut peer, 1 << 20).await;
+        peer
+    });
+    (client.unwrap(), peer)
+}
+
+/// Runs `test` over a socket pair and over shared memory (see
+/// [`spinning_pair`]), alone among the tests whose clients spin.
+async fn over_mem_and_shm<F: Future<Output = ()>>(test: impl Fn(bool) -> F) {
+    let _alone = SPINNING.lock().await;
+    for shm in [false, true] {
+        test(shm).await;
+    }
+}
+
+/// Echoes every request until the client closes.
+fn echo_all(mut peer: Peer) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            match within(peer.frames.next()).await {
+                Ok(Some(Decoded::Message(m))) => peer.echo(&m).await,
+                Ok(None) | Err(_) => return,
+                Ok(Some(other)) => panic!("unexpected {other:?}"),
+            }
+        }
+    })
+}
+
+/// A lone async call reads its own answer when the reader is free and no
+/// other call is in flight: nothing registered, no task woken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_async_call_reads_its_own_answer() {
+    over_mem_and_shm(a_lone_async_call_reads_its_own_answer_over).await;
+}
+
+async fn a_lone_async_call_reads_its_own_answer_over(shm: bool) {
+    let (client, peer) = spinning_pair(shm).await;
+    let peer = echo_all(peer);
+    let conn = client.conn_arc();
+    for i in 0..200 {
+        let text = format!("call {i}");
+        let reply = within(client.send("echo", Message::plain_text(&text)))
+            .await
+            .unwrap();
+        assert_eq!(reply.text_payload().unwrap(), text);
+    }
+    // Each answer is within the reader's spin of its request; a noisy
+    // machine may delay some past it, hardly all.
+    assert!(client.answered_inline() > 0, "no call read its own answer");
+    assert_eq!(conn.pending_len(), 0);
+    client.close().await;
+    drop(conn);
+    within(peer).await.unwrap();
+}
+
+/// After a call that read its own answer, the connection's reader sleeps
+/// until something comes, and is woken for it: what the broker sends
+/// unasked (a ping) is answered, and the connection's end is seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_resting_between_calls_wakes_for_what_comes() {
+    over_mem_and_shm(a_reader_resting_between_calls_wakes_for_what_comes_over).await;
+}
+
+async fn a_reader_resting_between_calls_wakes_for_what_comes_over(shm: bool) {
+    let (client, mut peer) = spinning_pair(shm).await;
+    // Echoes calls until asked for a ping; returns its answer, then hangs up.
+    let peer = tokio::spawn(async move {
+        loop {
+            let m = peer.recv().await;
+            if m.destination.as_deref() == Some("ping me") {
+                break;
+            }
+            peer.echo(&m).await;
+        }
+        let ping = Message::new(MessageType::Ping);
+        peer.send(&ping).await;
+        let pong = peer.recv().await;
+        assert_eq!(pong.correlation_id, Some(ping.id));
+        pong.status()
+    });
+    // Until a call reads its own answer, which leaves the reader asleep.
+    let mut tries = 0;
+    loop {
+        let before = client.answered_inline();
+        let reply = within(client.send("echo", Message::plain_text("x"))).await;
+        assert_eq!(reply.unwrap().text_payload().unwrap(), "x");
+        if client.answered_inline() > before {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 1000, "no call read its own answer");
+    }
+    client
+        .send_oneway("ping me", Message::new(MessageType::Request))
+        .await
+        .unwrap();
+    assert_eq!(within(peer).await.unwrap(), ResponseStatus::Ok);
+    within(client.closed()).await;
+}
+
+/// Calls from many tasks at once over one spinning connection: whichever
+/// reads an answer (its caller, another caller, the reader's task), each
+/// reaches its own caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_get_their_own_answers_whoever_reads_them() {
+    over_mem_and_shm(concurrent_calls_get_their_own_answers_whoever_reads_them_over).await;
+}
+
+async fn concurrent_calls_get_their_own_answers_whoever_reads_them_over(shm: bool) {
+    let (client, peer) = spinning_pair(shm).await;
+    let peer = echo_all(peer);
+    let tasks: Vec<_> = (0..8)
+        .map(|t| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                for i in 0..200 {
+                    let text = format!("task {t} call {i}");
+                    let reply = client.send("echo", Message::plain_text(&text)).await;
+                    assert_eq!(reply.unwrap().text_payload().unwrap(), text);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        within(t).await.unwrap();
+    }
+    assert_eq!(client.conn_arc().pending_len(), 0);
+    client.close().await;
+    within(peer).await.unwrap();
+}
+
+/// A call that reads its own answer gives up after the reader's spin and
+/// waits as any other: an answer that comes later arrives, one that never
+/// does ends in its timeout, and a connection that dies fails it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_call_answered_late_never_or_cut_off() {
+    over_mem_and_shm(an_async_call_answered_late_never_or_cut_off_over).await;
+}
+
+async fn an_async_call_answered_late_never_or_cut_off_over(shm: bool) {
+    let (client, mut peer) = spinning_pair(shm).await;
+    let late = client.send("echo", Message::plain_text("late"));
+    let answer = async {
+        let req = peer.recv().await;
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        peer.echo(&req).await;
+    };
+    let (reply, ()) = within(async { tokio::join!(late, answer) }).await;
+    assert_eq!(reply.unwrap().text_payload().unwrap(), "late");
+
+    let timeout = Duration::from_millis(300);
+    let unanswered = Message::plain_text("never")
+        .with_type(MessageType::Request)
+        .with_destination("echo");
+    let started = tokio::time::Instant::now();
+    let e = within(client.request_timeout(unanswered, timeout))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Timeout(t) if t == timeout), "{e:?}");
+    let waited = started.elapsed();
+    assert!(waited >= timeout && waited < timeout * 3 / 2, "{waited:?}");
+    let _ = peer.recv().await;
+    assert_eq!(
+        client.conn_arc().pending_len(),
+        0,
+        "the timed-out call is forgotten"
+    );
+
+    let cut = tokio::spawn({
+        let client = client.clone();
+        async move { client.send("echo", Message::plain_text("cut")).await }
+    });
+    let _ = peer.recv().await;
+    drop(peer);
+    let e = within(cut).await.unwrap().unwrap_err();
+    assert!(matches!(e, Error::ConnectionClosed(_)), "{e:?}");
+}
+
+/// Readers that outnumber the runtime's threads take turns on them, one
+/// look each per poll: a caller spinning for its own answer in place would
+/// keep the others' waiting, so their calls wait as any other. With fewer
+/// readers again, calls read their own answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_taking_turns_are_not_lent() {
+    let _alone = SPINNING.lock().await;
+    let mut clients = Vec::new();
+    let mut peers = Vec::new();
+    for _ in 0..3 {
+        let (client, peer) = spinning_pair(false).await;
+        clients.push(client);
+        peers.push(echo_all(peer));
+    }
+    async fn calls(client: &AsyncClient) {
+        for i in 0..50 {
+            let text = format!("call {i}");
+            let reply = within(client.send("echo", Message::plain_text(&text))).await;
+            assert_eq!(reply.unwrap().text_payload().unwrap(), text);
+        }
+    }
+    for client in &clients {
+        calls(client).await;
+        assert_eq!(client.answered_inline(), 0);
+    }
+    let last = clients.pop().unwrap();
+    last.close().await;
+    drop(last);
+    within(peers.pop().unwrap()).await.unwrap();
+    calls(&clients[0]).await;
+    assert!(clients[0].answered_inline() > 0);
+    for (client, peer) in clients.into_iter().zip(peers) {
+        client.close().await;
+        within(peer).await.unwrap();
+    }
 }
