@@ -198,7 +198,10 @@ impl FrameReader {
     /// asleep sleeps again, waiting to be woken through the stream as
     /// before, with the waker it had. False when it cannot, and must be
     /// polled: bytes of a next frame were read with the borrower's, or came
-    /// meanwhile, or the peer hung up.
+    /// meanwhile, or the peer hung up. A wake-up of that waker while the
+    /// reader was lent (a socket's reactor saw the borrower's bytes come)
+    /// stands: its owner polls it as after any, which registers it again.
+    /// Shared memory wakes nobody for what the borrower reads.
     pub fn take_back(&mut self, lent: Lent) -> bool {
         if self.has_buffered() {
             return false;
@@ -1593,6 +1596,94 @@ mod tests {
         let (server, _client) = pair(&shm_url("wait")).await;
         let mut r = FrameReader::new(server.reader, 1 << 20);
         assert!(!r.wait_readable(None).unwrap());
+    }
+
+    /// Counts its wake-ups.
+    #[derive(Default)]
+    struct Wakes(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Wakes {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// A reader asleep, lent to someone who polls it for one frame with a
+    /// waker that wakes nothing, then taken back, sleeps as it was: the
+    /// next frame wakes the task it slept for. On shared memory that takes
+    /// the request for a doorbell withdrawn for the lend, and made again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lent_reader_goes_back_to_sleep_as_it_was() {
+        let p = std::env::temp_dir().join(format!("tw-lend-{}.sock", std::process::id()));
+        let unix = format!("unix://{}", p.display());
+        let shm = shm_url("lend");
+        for url in [
+            "tcp://127.0.0.1:0",
+            unix.as_str(),
+            "mem://framed-lend",
+            &shm,
+        ] {
+            let (server, client) = pair(url).await;
+            let (writer, flusher) = FrameWriter::new(client.writer);
+            tokio::spawn(flusher);
+            let send = |text: &str| {
+                let frame = codec::encode(&Message::plain_text(text), 1 << 20).unwrap();
+                let writer = writer.clone();
+                async move { writer.send(frame).await.unwrap() }
+            };
+            let mut r = FrameReader::new(server.reader, 1 << 20);
+            r.set_wait_strategy(WaitStrategy::BusySpin);
+            let wakes = std::sync::Arc::new(Wakes::default());
+            let task = std::task::Waker::from(wakes.clone());
+            // Asleep, for the task of `task`.
+            r.sleep_next();
+            let polled = std::future::Future::poll(
+                std::pin::pin!(r.next()),
+                &mut Context::from_waker(&task),
+            );
+            assert!(polled.is_pending() && !r.woke_itself(), "{url}");
+            let lent = r.lend();
+            send("answer").await;
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            let deadline = Instant::now() + std::time::Duration::from_secs(5);
+            let got = loop {
+                let polled = std::future::Future::poll(std::pin::pin!(r.next()), &mut cx);
+                match polled {
+                    Poll::Ready(Ok(Some(Decoded::Message(m)))) => break m,
+                    Poll::Pending => assert!(Instant::now() < deadline, "{url}: no answer"),
+                    other => panic!("{url}: {other:?}"),
+                }
+            };
+            assert_eq!(got.text_payload().unwrap(), "answer", "{url}");
+            assert!(r.take_back(lent), "{url}");
+            send("after").await;
+            // As the task would: polled at each wake-up, the one a socket's
+            // reactor made for the answer (maybe after it was read) too.
+            let mut seen = 0;
+            let deadline = Instant::now() + std::time::Duration::from_secs(5);
+            let got = loop {
+                let now = wakes.0.load(std::sync::atomic::Ordering::SeqCst);
+                if now == seen {
+                    assert!(
+                        Instant::now() < deadline,
+                        "{url}: the sleeping task was not woken"
+                    );
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    continue;
+                }
+                seen = now;
+                let polled = std::future::Future::poll(
+                    std::pin::pin!(r.next()),
+                    &mut Context::from_waker(&task),
+                );
+                match polled {
+                    Poll::Ready(Ok(Some(Decoded::Message(m)))) => break m,
+                    Poll::Pending => assert!(!r.woke_itself(), "{url}"),
+                    other => panic!("{url}: {other:?}"),
+                }
+            };
+            assert_eq!(got.text_payload().unwrap(), "after", "{url}");
+        }
     }
 
     /// A peer that stops reading fills the queue; senders then wait instead of
