@@ -102,8 +102,9 @@ impl ReaderSlot {
         // `resting`): then the slot costs nothing per poll.
         let mut kept: Option<Box<Reader>> = None;
         std::future::poll_fn(|cx| {
-            let mut reader = match kept.take() {
-                Some(r) => r,
+            // A reader kept is busy: it slept at the last look, not now.
+            let (mut reader, look) = match kept.take() {
+                Some(r) => (r, false),
                 None => {
                     // Before the look: a reader put back after it wakes this task.
                     self.task.register(cx.waker());
@@ -117,10 +118,10 @@ impl ReaderSlot {
                         return Poll::Pending;
                     };
                     self.task_waits.store(false, Ordering::Relaxed);
-                    r
+                    (r, true)
                 }
             };
-            if reader.may_rest() {
+            if look && reader.may_rest() {
                 reader.sleep_next();
             }
             if reader.poll_read(cx, None).is_ready() {
