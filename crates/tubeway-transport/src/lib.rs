@@ -4,7 +4,7 @@
 //! `shm://name` (shared-memory rings between processes), `mem://name` — so
 //! code changes transport by changing a string. A
 //! [`Listener`] accepts [`Connection`]s; a connection splits into a
-//! [`FrameReader`] and a write half driven by [`write_frames`], which batches
+//! [`FrameReader`] and a [`FrameWriter`], whose flusher batches
 //! queued frames into one vectored system call.
 #![warn(missing_docs)]
 #![warn(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
