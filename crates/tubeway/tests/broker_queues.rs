@@ -32,6 +32,7 @@ crate::transport_tests! {
     a_message_given_up_goes_back_to_the_head,
     an_offer_given_up_is_not_queued_later,
     a_withdrawn_background_offer_is_not_queued,
+    a_poll_dropped_when_its_task_must_yield_loses_nothing,
 }
 
 const SHORT: Duration = Duration::from_secs(1);
@@ -791,4 +792,41 @@ async fn a_withdrawn_background_offer_is_not_queued(h: &Harness) {
     assert!(withdrawn.is_err(), "{withdrawn:?}");
     assert!(took < Duration::from_secs(10), "{took:?}");
     assert_eq!(after, None);
+}
+
+/// A poll whose future is dropped when its task has spent its coop budget
+/// (the first poll of the call then gives the runtime a turn) loses no
+/// message, whether the call read its answer itself or waited for it.
+async fn a_poll_dropped_when_its_task_must_yield_loses_nothing(h: &Harness) {
+    let c = h.client().await;
+    step(c.create_queue("turn", 10, QueueKind::Bounded))
+        .await
+        .unwrap();
+    step(c.offer("turn", Message::plain_text("kept"), SHORT))
+        .await
+        .unwrap();
+    // The task's budget spent, without its turn taken.
+    std::future::poll_fn(|cx| {
+        while tokio::task::coop::has_budget_remaining() {
+            if let std::task::Poll::Ready(spent) = tokio::task::coop::poll_proceed(cx) {
+                spent.made_progress();
+            }
+        }
+        std::task::Poll::Ready(())
+    })
+    .await;
+    let mut poll = Box::pin(c.poll("turn", SHORT));
+    let first = std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(std::future::Future::poll(poll.as_mut(), cx))
+    })
+    .await;
+    drop(poll);
+    let got = match first {
+        std::task::Poll::Ready(got) => got.unwrap(),
+        std::task::Poll::Pending => {
+            step(c.ping()).await.unwrap(); // a withdrawal or a put-back is in
+            step(c.poll("turn", SHORT)).await.unwrap()
+        }
+    };
+    assert_eq!(got.as_ref().map(text).as_deref(), Some("kept"));
 }

@@ -317,17 +317,19 @@ impl AsyncClient {
 
     /// Sends any message and returns its response, waiting at most `timeout`.
     pub async fn request_timeout(&self, msg: Message, timeout: Duration) -> Result<Message> {
-        let msg = match self.inner.slot.get() {
-            Some(slot) => match self.call_inline(slot, msg)? {
-                Inline::Answered(answer) => {
-                    // As any tokio resource that was ready: a task calling in
-                    // a loop must still let the others of its thread run.
-                    tokio::task::consume_budget().await;
-                    return Ok(*answer);
+        let msg = match self.inner.slot.get().filter(|slot| slot.resting()) {
+            Some(slot) => {
+                // As any tokio resource: a task calling in a loop must still
+                // let the others of its thread run. Before the call, never
+                // after its answer is read: a future dropped there would
+                // lose it, a polled message with it.
+                tokio::task::consume_budget().await;
+                match self.call_inline(slot, msg)? {
+                    Inline::Answered(answer) => return Ok(*answer),
+                    Inline::Waiting(started) => return started.finish(timeout).await,
+                    Inline::Declined(msg) => msg,
                 }
-                Inline::Waiting(started) => return started.finish(timeout).await,
-                Inline::Declined(msg) => msg,
-            },
+            }
             None => msg,
         };
         // None past the clock's range: no deadline, as a timer would not fire either.
