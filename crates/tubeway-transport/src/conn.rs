@@ -43,6 +43,23 @@ impl Connection {
         })
     }
 
+    /// Has the runtime's reactor watch a socket only while a task sleeps
+    /// on it, for reads, or waits for room to write: for a connection whose
+    /// reader spins (latency mode) on a multi-threaded runtime, where each
+    /// arrival would otherwise wake an idle worker for nothing (see
+    /// `on_demand.rs`). Each sleep then costs two more system calls, to
+    /// register the socket and to deregister it. Must be called within the
+    /// runtime the connection's tasks run on. Shared memory is returned as
+    /// it is: it wakes nobody unless asked to.
+    pub fn watch_on_demand(self) -> io::Result<Connection> {
+        let (reader, writer) = crate::stream::on_demand(self.reader, self.writer)?;
+        Ok(Connection {
+            reader,
+            writer,
+            ..self
+        })
+    }
+
     fn tcp(s: TcpStream) -> io::Result<Self> {
         // Request/reply latency matters more than packet count.
         s.set_nodelay(true)?;

@@ -201,7 +201,8 @@ impl FrameReader {
     /// meanwhile, or the peer hung up. A wake-up of that waker while the
     /// reader was lent (a socket's reactor saw the borrower's bytes come)
     /// stands: its owner polls it as after any, which registers it again.
-    /// Shared memory wakes nobody for what the borrower reads.
+    /// Shared memory wakes nobody for what the borrower reads. An
+    /// on-demand socket sleeps unwatched: see [`watched`](Self::watched).
     pub fn take_back(&mut self, lent: Lent) -> bool {
         if self.has_buffered() {
             return false;
@@ -216,6 +217,16 @@ impl FrameReader {
         };
         self.asleep = true;
         !lent.withdrew || self.reader.resume_wait()
+    }
+
+    /// Whether something wakes the reader's task for what comes: false
+    /// while it is asleep on an on-demand socket that the reactor does not
+    /// watch, having been [lent](Self::lend) and
+    /// [taken back](Self::take_back) (see
+    /// [`crate::Connection::watch_on_demand`]). Its next poll registers
+    /// the socket again.
+    pub fn watched(&self) -> bool {
+        !self.asleep || self.reader.watched()
     }
 
     /// Says that handling the last frame woke no task on this thread: a
@@ -1144,12 +1155,19 @@ fn poll_write_some(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
     use crate::{connect, Listener, Url};
     use tokio::io::AsyncWriteExt;
     use tubeway_proto::{codec, Message};
+
+    /// Bounds a step of a test.
+    async fn within<F: std::future::Future>(f: F) -> F::Output {
+        tokio::time::timeout(std::time::Duration::from_secs(30), f)
+            .await
+            .expect("test step timed out")
+    }
 
     async fn pair(url: &str) -> (crate::Connection, crate::Connection) {
         let url: Url = url.parse().unwrap();
@@ -1166,7 +1184,14 @@ mod tests {
     /// 100 frames from 4 concurrent senders arrive whole, each sender's in
     /// order; the large ones into recycled buffers when `pool` is given.
     async fn exchange_with(url: &str, wait: WaitStrategy, pool: Option<FramePool>) {
-        let (server, client) = pair(url).await;
+        exchange_over(pair(url).await, wait, pool).await;
+    }
+
+    async fn exchange_over(
+        (server, client): (crate::Connection, crate::Connection),
+        wait: WaitStrategy,
+        pool: Option<FramePool>,
+    ) {
         let (writer, flusher) = FrameWriter::new(client.writer);
         let flusher = tokio::spawn(flusher);
         let senders: Vec<_> = (0..4u8)
@@ -1608,6 +1633,37 @@ mod tests {
         }
     }
 
+    /// A busy-spinning reader of `server`, what sends it a text from
+    /// `client`, and a task's waker that counts its wake-ups.
+    struct Lending {
+        writer: FrameWriter,
+        r: FrameReader,
+        wakes: std::sync::Arc<Wakes>,
+        task: std::task::Waker,
+    }
+
+    impl Lending {
+        fn new(server: crate::Connection, client: crate::Connection) -> Lending {
+            let (writer, flusher) = FrameWriter::new(client.writer);
+            tokio::spawn(flusher);
+            let mut r = FrameReader::new(server.reader, 1 << 20);
+            r.set_wait_strategy(WaitStrategy::BusySpin);
+            let wakes = std::sync::Arc::new(Wakes::default());
+            let task = std::task::Waker::from(wakes.clone());
+            Lending {
+                writer,
+                r,
+                wakes,
+                task,
+            }
+        }
+
+        async fn send(&self, text: &str) {
+            let frame = codec::encode(&Message::plain_text(text), 1 << 20).unwrap();
+            self.writer.send(frame).await.unwrap();
+        }
+    }
+
     /// A reader asleep, lent to someone who polls it for one frame with a
     /// waker that wakes nothing, then taken back, sleeps as it was: the
     /// next frame wakes the task it slept for. On shared memory that takes
@@ -1624,30 +1680,20 @@ mod tests {
             &shm,
         ] {
             let (server, client) = pair(url).await;
-            let (writer, flusher) = FrameWriter::new(client.writer);
-            tokio::spawn(flusher);
-            let send = |text: &str| {
-                let frame = codec::encode(&Message::plain_text(text), 1 << 20).unwrap();
-                let writer = writer.clone();
-                async move { writer.send(frame).await.unwrap() }
-            };
-            let mut r = FrameReader::new(server.reader, 1 << 20);
-            r.set_wait_strategy(WaitStrategy::BusySpin);
-            let wakes = std::sync::Arc::new(Wakes::default());
-            let task = std::task::Waker::from(wakes.clone());
+            let mut l = Lending::new(server, client);
             // Asleep, for the task of `task`.
-            r.sleep_next();
+            l.r.sleep_next();
             let polled = std::future::Future::poll(
-                std::pin::pin!(r.next()),
-                &mut Context::from_waker(&task),
+                std::pin::pin!(l.r.next()),
+                &mut Context::from_waker(&l.task),
             );
-            assert!(polled.is_pending() && !r.woke_itself(), "{url}");
-            let lent = r.lend();
-            send("answer").await;
+            assert!(polled.is_pending() && !l.r.woke_itself(), "{url}");
+            let lent = l.r.lend();
+            l.send("answer").await;
             let mut cx = Context::from_waker(std::task::Waker::noop());
             let deadline = Instant::now() + std::time::Duration::from_secs(5);
             let got = loop {
-                let polled = std::future::Future::poll(std::pin::pin!(r.next()), &mut cx);
+                let polled = std::future::Future::poll(std::pin::pin!(l.r.next()), &mut cx);
                 match polled {
                     Poll::Ready(Ok(Some(Decoded::Message(m)))) => break m,
                     Poll::Pending => assert!(Instant::now() < deadline, "{url}: no answer"),
@@ -1655,14 +1701,14 @@ mod tests {
                 }
             };
             assert_eq!(got.text_payload().unwrap(), "answer", "{url}");
-            assert!(r.take_back(lent), "{url}");
-            send("after").await;
+            assert!(l.r.take_back(lent), "{url}");
+            l.send("after").await;
             // As the task would: polled at each wake-up, the one a socket's
             // reactor made for the answer (maybe after it was read) too.
             let mut seen = 0;
             let deadline = Instant::now() + std::time::Duration::from_secs(5);
             let got = loop {
-                let now = wakes.0.load(std::sync::atomic::Ordering::SeqCst);
+                let now = l.wakes.0.load(std::sync::atomic::Ordering::SeqCst);
                 if now == seen {
                     assert!(
                         Instant::now() < deadline,
@@ -1673,16 +1719,105 @@ mod tests {
                 }
                 seen = now;
                 let polled = std::future::Future::poll(
-                    std::pin::pin!(r.next()),
-                    &mut Context::from_waker(&task),
+                    std::pin::pin!(l.r.next()),
+                    &mut Context::from_waker(&l.task),
                 );
                 match polled {
                     Poll::Ready(Ok(Some(Decoded::Message(m)))) => break m,
-                    Poll::Pending => assert!(!r.woke_itself(), "{url}"),
+                    Poll::Pending => assert!(!l.r.woke_itself(), "{url}"),
                     other => panic!("{url}: {other:?}"),
                 }
             };
             assert_eq!(got.text_payload().unwrap(), "after", "{url}");
+        }
+    }
+
+    /// Sockets the reactor watches only on demand carry what others do, read
+    /// by a reader that sleeps and by one that spins, and written faster
+    /// than read (so that writes wait for room).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn frames_over_on_demand_sockets() {
+        let p = std::env::temp_dir().join(format!("tw-od-{}.sock", std::process::id()));
+        let unix = format!("unix://{}", p.display());
+        for url in ["tcp://127.0.0.1:0", unix.as_str(), "mem://framed-on-demand"] {
+            for wait in [WaitStrategy::PARK, WaitStrategy::BusySpin] {
+                let (server, client) = pair(url).await;
+                let on_demand = (
+                    server.watch_on_demand().unwrap(),
+                    client.watch_on_demand().unwrap(),
+                );
+                within(exchange_over(on_demand, wait, None)).await;
+            }
+        }
+    }
+
+    /// An on-demand socket is registered with the reactor while its reader
+    /// sleeps, and not after a lend: taken back, the reader sleeps
+    /// unwatched (nothing wakes its task), until its next poll registers
+    /// it again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lent_on_demand_reader_sleeps_unwatched_until_polled() {
+        for url in ["tcp://127.0.0.1:0", "mem://framed-lend-on-demand"] {
+            let (server, client) = pair(url).await;
+            let server = server.watch_on_demand().unwrap();
+            let mut l = Lending::new(server, client);
+            let poll = |r: &mut FrameReader, waker: &std::task::Waker| {
+                std::future::Future::poll(
+                    std::pin::pin!(r.next()),
+                    &mut Context::from_waker(waker),
+                )
+            };
+            l.r.sleep_next();
+            assert!(poll(&mut l.r, &l.task).is_pending(), "{url}");
+            assert!(l.r.watched(), "{url}: asleep, registered");
+            let lent = l.r.lend();
+            l.send("answer").await;
+            let deadline = Instant::now() + std::time::Duration::from_secs(5);
+            loop {
+                match poll(&mut l.r, std::task::Waker::noop()) {
+                    Poll::Ready(Ok(Some(Decoded::Message(m)))) => {
+                        assert_eq!(m.text_payload().unwrap(), "answer");
+                        break;
+                    }
+                    Poll::Pending => assert!(Instant::now() < deadline, "{url}: no answer"),
+                    other => panic!("{url}: {other:?}"),
+                }
+            }
+            assert!(l.r.take_back(lent), "{url}");
+            assert!(!l.r.watched(), "{url}: asleep, not registered");
+            // Polled again (the task's timer, in the client), it reads
+            // what came meanwhile, then sleeps registered: the next frame
+            // wakes its task.
+            l.send("meanwhile").await;
+            let got = within(async {
+                loop {
+                    match poll(&mut l.r, &l.task) {
+                        Poll::Ready(Ok(Some(Decoded::Message(m)))) => break m,
+                        Poll::Pending => {
+                            tokio::time::sleep(std::time::Duration::from_millis(1)).await
+                        }
+                        other => panic!("{url}: {other:?}"),
+                    }
+                }
+            })
+            .await;
+            assert_eq!(got.text_payload().unwrap(), "meanwhile", "{url}");
+            let before = l.wakes.0.load(std::sync::atomic::Ordering::SeqCst);
+            assert!(poll(&mut l.r, &l.task).is_pending(), "{url}");
+            assert!(l.r.watched(), "{url}: asleep, registered again");
+            l.send("after").await;
+            within(async {
+                while l.wakes.0.load(std::sync::atomic::Ordering::SeqCst) == before {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+            })
+            .await;
+            match poll(&mut l.r, &l.task) {
+                Poll::Ready(Ok(Some(Decoded::Message(m)))) => {
+                    assert_eq!(m.text_payload().unwrap(), "after", "{url}")
+                }
+                other => panic!("{url}: {other:?}"),
+            }
         }
     }
 

@@ -14,6 +14,7 @@ mod conn;
 mod framed;
 mod large;
 mod mem;
+mod on_demand;
 mod pool;
 mod shm;
 mod stream;

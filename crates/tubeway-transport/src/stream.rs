@@ -25,6 +25,7 @@ use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
+use crate::on_demand::{OnDemandRead, OnDemandWrite};
 use crate::shm::{ShmReader, ShmWriter};
 
 /// Bytes a spinning reader takes per system call.
@@ -65,11 +66,7 @@ impl SocketWrite {
 
 pub(crate) fn shm((r, w): (ShmReader, ShmWriter)) -> (ReadHalf, WriteHalf) {
     (
-        ReadHalf {
-            inner: ReadInner::Shm(Box::new(r)),
-            scratch: Vec::new(),
-            recv_timeout: None,
-        },
+        ReadHalf::new(ReadInner::Shm(Box::new(r))),
         WriteHalf {
             inner: WriteInner::Shm(w),
         },
@@ -79,22 +76,21 @@ pub(crate) fn shm((r, w): (ShmReader, ShmWriter)) -> (ReadHalf, WriteHalf) {
 #[derive(Debug)]
 enum ReadInner {
     Socket(SocketRead),
+    /// See [`on_demand`].
+    OnDemand(OnDemandRead),
     Shm(Box<ShmReader>),
 }
 
 #[derive(Debug)]
 enum WriteInner {
     Socket(SocketWrite),
+    OnDemand(OnDemandWrite),
     Shm(ShmWriter),
 }
 
 fn socket_halves(r: SocketRead, w: SocketWrite) -> (ReadHalf, WriteHalf) {
     (
-        ReadHalf {
-            inner: ReadInner::Socket(r),
-            scratch: Vec::new(),
-            recv_timeout: None,
-        },
+        ReadHalf::new(ReadInner::Socket(r)),
         WriteHalf {
             inner: WriteInner::Socket(w),
         },
@@ -111,11 +107,47 @@ pub(crate) fn unix(s: UnixStream) -> (ReadHalf, WriteHalf) {
     socket_halves(SocketRead::Unix(r), SocketWrite::Unix(w))
 }
 
+/// Makes a socket's halves [on-demand](crate::on_demand): the reactor
+/// watches the socket only while a task sleeps on it. Shared memory's, and
+/// halves already so, are returned as they are.
+pub(crate) fn on_demand(r: ReadHalf, w: WriteHalf) -> io::Result<(ReadHalf, WriteHalf)> {
+    let mismatch = || io::Error::other("halves of two different connections");
+    // `into_std` deregisters the socket and leaves it non-blocking.
+    let (socket, unix) = match (r.inner, w.inner) {
+        (ReadInner::Socket(SocketRead::Tcp(r)), WriteInner::Socket(SocketWrite::Tcp(w))) => {
+            let s = r.reunite(w).map_err(|_| mismatch())?;
+            (std::os::fd::OwnedFd::from(s.into_std()?), false)
+        }
+        (ReadInner::Socket(SocketRead::Unix(r)), WriteInner::Socket(SocketWrite::Unix(w))) => {
+            let s = r.reunite(w).map_err(|_| mismatch())?;
+            (std::os::fd::OwnedFd::from(s.into_std()?), true)
+        }
+        (r, w) => return Ok((ReadHalf::new(r), WriteHalf { inner: w })),
+    };
+    let (r, w) = crate::on_demand::split(socket, unix)?;
+    Ok((
+        ReadHalf::new(ReadInner::OnDemand(r)),
+        WriteHalf {
+            inner: WriteInner::OnDemand(w),
+        },
+    ))
+}
+
 /// Registers both halves with the current runtime's reactor instead of the
 /// one they were made in. Must be called within a runtime.
 pub(crate) fn reregister(r: ReadHalf, w: WriteHalf) -> io::Result<(ReadHalf, WriteHalf)> {
     let mismatch = || io::Error::other("halves of two different connections");
     match (r.inner, w.inner) {
+        (ReadInner::OnDemand(mut r), WriteInner::OnDemand(w)) => {
+            r.move_to_current_runtime()?;
+            w.move_to_current_runtime()?;
+            Ok((
+                ReadHalf::new(ReadInner::OnDemand(r)),
+                WriteHalf {
+                    inner: WriteInner::OnDemand(w),
+                },
+            ))
+        }
         (ReadInner::Socket(SocketRead::Tcp(r)), WriteInner::Socket(SocketWrite::Tcp(w))) => {
             let s = r.reunite(w).map_err(|_| mismatch())?;
             Ok(tcp(TcpStream::from_std(s.into_std()?)?))
@@ -165,12 +197,29 @@ impl Drop for Blocking<'_> {
 }
 
 /// One `recv` that does not wait; an interrupted one counts as nothing there.
-fn recv_now(s: &SocketRead, into: &mut [u8]) -> io::Result<usize> {
-    match rustix::net::recv(s.fd(), into, RecvFlags::DONTWAIT) {
+fn recv_now(fd: BorrowedFd<'_>, into: &mut [u8]) -> io::Result<usize> {
+    match rustix::net::recv(fd, into, RecvFlags::DONTWAIT) {
         Ok((n, _)) => Ok(n),
         Err(Errno::INTR) => Err(io::ErrorKind::WouldBlock.into()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// [`recv_now`] into `buf`'s spare capacity, through `scratch`: safe code
+/// cannot read into uninitialised memory.
+fn recv_now_buf(
+    fd: BorrowedFd<'_>,
+    scratch: &mut Vec<u8>,
+    buf: &mut BytesMut,
+) -> io::Result<usize> {
+    if scratch.is_empty() {
+        *scratch = vec![0; SPIN_READ];
+    }
+    let room = (buf.capacity() - buf.len()).clamp(1, SPIN_READ);
+    let into = scratch.get_mut(..room).unwrap_or_default();
+    let n = recv_now(fd, into)?;
+    buf.extend_from_slice(into.get(..n).unwrap_or_default());
+    Ok(n)
 }
 
 /// The read half of a connection.
@@ -189,6 +238,14 @@ pub struct ReadHalf {
 }
 
 impl ReadHalf {
+    fn new(inner: ReadInner) -> ReadHalf {
+        ReadHalf {
+            inner,
+            scratch: Vec::new(),
+            recv_timeout: None,
+        }
+    }
+
     /// Reads what is available into `buf`'s spare capacity, without waiting,
     /// as far as the runtime's reactor knows: `WouldBlock` when it believes
     /// nothing is there; `Ok(0)` at end of stream. For a reader that sleeps
@@ -197,6 +254,7 @@ impl ReadHalf {
         match &mut self.inner {
             ReadInner::Socket(SocketRead::Tcp(s)) => s.try_read_buf(buf),
             ReadInner::Socket(SocketRead::Unix(s)) => s.try_read_buf(buf),
+            ReadInner::OnDemand(s) => recv_now_buf(s.fd(), &mut self.scratch, buf),
             ReadInner::Shm(r) => r.try_read_buf(buf),
         }
     }
@@ -215,6 +273,10 @@ impl ReadHalf {
             }
             ReadInner::Socket(SocketRead::Unix(s)) => {
                 tokio_util::io::poll_read_buf(Pin::new(s), cx, buf)
+            }
+            ReadInner::OnDemand(s) => {
+                let scratch = &mut self.scratch;
+                s.poll_read(cx, |fd| recv_now_buf(fd, scratch, buf))
             }
             ReadInner::Shm(r) => loop {
                 match r.try_read_buf(buf) {
@@ -238,6 +300,7 @@ impl ReadHalf {
     ) -> Poll<io::Result<usize>> {
         let socket = match &mut self.inner {
             ReadInner::Socket(s) => s,
+            ReadInner::OnDemand(s) => return s.poll_read(cx, |fd| recv_now(fd, buf)),
             ReadInner::Shm(r) => loop {
                 let len = buf.len();
                 match r.try_read_into(&mut &mut *buf, len) {
@@ -259,12 +322,29 @@ impl ReadHalf {
     /// Stops waiting to be woken through the stream, for a reader that
     /// polls without sleeping for a while: true when a wait announced to
     /// the peer was withdrawn (shared memory), to announce again with
-    /// [`resume_wait`](Self::resume_wait). A socket's wait stays registered
-    /// with the reactor, which costs the peer nothing.
+    /// [`resume_wait`](Self::resume_wait). An on-demand socket (see
+    /// [`crate::Connection::watch_on_demand`]) is deregistered from the
+    /// reactor, until its next sleep: see [`watched`](Self::watched).
+    /// Another socket's wait stays registered with the reactor, which costs
+    /// the peer nothing.
     pub fn withdraw_wait(&mut self) -> bool {
         match &mut self.inner {
             ReadInner::Shm(r) => r.withdraw_wait(),
+            ReadInner::OnDemand(s) => {
+                s.unwatch();
+                false
+            }
             ReadInner::Socket(_) => false,
+        }
+    }
+
+    /// Whether a task asleep on this stream would be woken by what comes:
+    /// false for an on-demand socket not registered with the reactor since
+    /// it was last polled without sleeping.
+    pub fn watched(&self) -> bool {
+        match &self.inner {
+            ReadInner::OnDemand(s) => s.watched(),
+            ReadInner::Socket(_) | ReadInner::Shm(_) => true,
         }
     }
 
@@ -274,26 +354,24 @@ impl ReadHalf {
     pub fn resume_wait(&mut self) -> bool {
         match &mut self.inner {
             ReadInner::Shm(r) => r.resume_wait(),
-            ReadInner::Socket(_) => true,
+            ReadInner::Socket(_) | ReadInner::OnDemand(_) => true,
         }
     }
 
     /// Reads what is available now, asking the kernel itself (one system
     /// call on a socket, none on shared memory): for a reader that spins,
     /// since the reactor's view is only as fresh as its last poll.
+    /// An on-demand socket stops being watched by the reactor meanwhile.
     pub fn try_read_now(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-        let s = match &mut self.inner {
+        let fd = match &mut self.inner {
             ReadInner::Shm(r) => return r.try_read_buf(buf),
-            ReadInner::Socket(s) => s,
+            ReadInner::Socket(s) => s.fd(),
+            ReadInner::OnDemand(s) => {
+                s.unwatch();
+                s.fd()
+            }
         };
-        if self.scratch.is_empty() {
-            self.scratch = vec![0; SPIN_READ];
-        }
-        let room = (buf.capacity() - buf.len()).clamp(1, SPIN_READ);
-        let into = self.scratch.get_mut(..room).unwrap_or_default();
-        let n = recv_now(s, into)?;
-        buf.extend_from_slice(into.get(..n).unwrap_or_default());
-        Ok(n)
+        recv_now_buf(fd, &mut self.scratch, buf)
     }
 
     /// [`try_read_now`](Self::try_read_now) into `buf` (not empty), which is
@@ -304,7 +382,11 @@ impl ReadHalf {
                 let len = buf.len();
                 r.try_read_into(&mut &mut *buf, len)
             }
-            ReadInner::Socket(s) => recv_now(s, buf),
+            ReadInner::Socket(s) => recv_now(s.fd(), buf),
+            ReadInner::OnDemand(s) => {
+                s.unwatch();
+                recv_now(s.fd(), buf)
+            }
         }
     }
 
@@ -329,7 +411,13 @@ impl ReadHalf {
                 let fd = s.as_ref().as_fd();
                 sleep_in_recv(fd, &mut self.recv_timeout, deadline)
             }
+            ReadInner::OnDemand(s) if s.is_unix() && crate::wait::several_cpus() => {
+                sleep_in_recv(s.fd(), &mut self.recv_timeout, deadline)
+            }
             ReadInner::Socket(s) => {
+                crate::wait::poll_until(s.fd(), rustix::event::PollFlags::IN, deadline)
+            }
+            ReadInner::OnDemand(s) => {
                 crate::wait::poll_until(s.fd(), rustix::event::PollFlags::IN, deadline)
             }
             ReadInner::Shm(_) => Ok(false),
@@ -342,6 +430,8 @@ impl ReadHalf {
         match &self.inner {
             ReadInner::Socket(s) => rustix::fs::fcntl_getfl(s.fd())
                 .is_ok_and(|f| f.contains(rustix::fs::OFlags::NONBLOCK)),
+            ReadInner::OnDemand(s) => rustix::fs::fcntl_getfl(s.fd())
+                .is_ok_and(|f| f.contains(rustix::fs::OFlags::NONBLOCK)),
             ReadInner::Shm(_) => true,
         }
     }
@@ -351,6 +441,7 @@ impl ReadHalf {
         match &mut self.inner {
             ReadInner::Socket(SocketRead::Tcp(s)) => s.as_ref().poll_read_ready(cx),
             ReadInner::Socket(SocketRead::Unix(s)) => s.as_ref().poll_read_ready(cx),
+            ReadInner::OnDemand(s) => s.poll_read_ready(cx),
             ReadInner::Shm(r) => r.poll_read_ready(cx),
         }
     }
@@ -365,6 +456,12 @@ impl AsyncRead for ReadHalf {
         match &mut self.inner {
             ReadInner::Socket(SocketRead::Tcp(s)) => Pin::new(s).poll_read(cx, buf),
             ReadInner::Socket(SocketRead::Unix(s)) => Pin::new(s).poll_read(cx, buf),
+            ReadInner::OnDemand(s) => {
+                let into = buf.initialize_unfilled();
+                let n = ready!(s.poll_read(cx, |fd| recv_now(fd, into)))?;
+                buf.advance(n);
+                Poll::Ready(Ok(()))
+            }
             ReadInner::Shm(r) => {
                 // Bounded by what `buf` has room for.
                 let mut b = BytesMut::with_capacity(buf.remaining());
@@ -427,6 +524,7 @@ impl WriteHalf {
         match &self.inner {
             WriteInner::Shm(w) => w.try_write_vectored(bufs),
             WriteInner::Socket(s) => send_now(s.fd(), bufs),
+            WriteInner::OnDemand(s) => send_now(s.fd(), bufs),
         }
     }
 
@@ -448,6 +546,7 @@ impl WriteHalf {
                     let s = s.as_ref();
                     s.try_io(Interest::WRITABLE, || send_now(s.as_fd(), bufs))
                 }
+                WriteInner::OnDemand(s) => return s.poll_write(cx, |fd| send_now(fd, bufs)),
                 WriteInner::Shm(w) => w.try_write_vectored(bufs),
             };
             match r {
@@ -464,6 +563,7 @@ impl WriteHalf {
         match &self.inner {
             WriteInner::Socket(SocketWrite::Tcp(s)) => s.as_ref().poll_write_ready(cx),
             WriteInner::Socket(SocketWrite::Unix(s)) => s.as_ref().poll_write_ready(cx),
+            WriteInner::OnDemand(s) => s.poll_write_ready(cx),
             WriteInner::Shm(w) => w.poll_write_ready(cx),
         }
     }
@@ -472,11 +572,14 @@ impl WriteHalf {
     /// and reads end of stream (see [`crate::FrameWriter::stop_reading`]).
     /// Nothing to do on shared memory, whose readers do not sleep so.
     pub fn stop_reading(&self) {
-        if let WriteInner::Socket(s) = &self.inner {
-            // Fails only on a socket no longer connected, whose readers
-            // that wakes already.
-            let _ = rustix::net::shutdown(s.fd(), rustix::net::Shutdown::Read);
-        }
+        let fd = match &self.inner {
+            WriteInner::Socket(s) => s.fd(),
+            WriteInner::OnDemand(s) => s.fd(),
+            WriteInner::Shm(_) => return,
+        };
+        // Fails only on a socket no longer connected, whose readers that
+        // wakes already.
+        let _ = rustix::net::shutdown(fd, rustix::net::Shutdown::Read);
     }
 
     /// Ends the write direction: the peer reads end of stream once it has
@@ -484,6 +587,7 @@ impl WriteHalf {
     pub fn shutdown(&self) -> io::Result<()> {
         let r = match &self.inner {
             WriteInner::Socket(s) => rustix::net::shutdown(s.fd(), rustix::net::Shutdown::Write),
+            WriteInner::OnDemand(s) => rustix::net::shutdown(s.fd(), rustix::net::Shutdown::Write),
             WriteInner::Shm(w) => {
                 w.shutdown();
                 Ok(())

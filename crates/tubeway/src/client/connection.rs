@@ -275,6 +275,19 @@ pub(crate) async fn establish(
         })?
         .map_err(connect_err)?;
 
+    let wait = options.wait.unwrap_or(stream.default_wait);
+    let wait = if may_spin || !wait.spins() {
+        wait
+    } else {
+        WaitStrategy::PARK
+    };
+    // A reader spinning on a multi-threaded runtime (`group`): the reactor
+    // would wake an idle worker at every answer it reads itself.
+    let stream = if group.is_some() && wait.spins() {
+        stream.watch_on_demand().map_err(connect_err)?
+    } else {
+        stream
+    };
     let (frame_writer, flusher) = FrameWriter::new(stream.writer);
     let conn = Arc::new(Conn {
         can_cancel: AtomicBool::new(false),
@@ -299,12 +312,6 @@ pub(crate) async fn establish(
     });
     let writer = tokio::spawn(write_loop(flusher, Arc::downgrade(&conn)));
     let mut frames = FrameReader::new(stream.reader, max_receive);
-    let wait = options.wait.unwrap_or(stream.default_wait);
-    let wait = if may_spin || !wait.spins() {
-        wait
-    } else {
-        WaitStrategy::PARK
-    };
     frames.set_wait_strategy(wait);
     if options.frame_pool > 0 {
         let pool = FramePool::new(FramePool::DEFAULT_MIN_FRAME, options.frame_pool);
@@ -423,6 +430,12 @@ impl Reader {
     /// when its owner must poll it.
     pub(crate) fn take_back(&mut self, lent: Lent) -> bool {
         self.routing.is_none() && self.frames.take_back(lent)
+    }
+
+    /// Whether something wakes the reader's task for what comes (see
+    /// [`FrameReader::watched`]).
+    pub(crate) fn watched(&self) -> bool {
+        self.frames.watched()
     }
 
     /// Whether a caller may read its own answer with this reader: it

@@ -55,7 +55,10 @@ pub struct ClientOptions {
     /// runtime, a multi-threaded one only: a call with no other in flight
     /// spins for its own answer within its task's poll, for at most one
     /// slice (50 µs), and the connection's reader sleeps while nothing else
-    /// is expected. Every turn a spinning task gives a multi-threaded
+    /// is expected. Its socket is registered with the runtime's reactor only
+    /// while its reader sleeps (or a write waits for room), so that an
+    /// answer its caller reads wakes no idle worker; what the broker sends
+    /// unasked between calls is read within 2 ms. Every turn a spinning task gives a multi-threaded
     /// runtime wakes one of its idle workers (tokio's rule), so calls in a
     /// loop on two CPUs still see a few such wake-ups in their tail (one
     /// per 128 calls, when the task's budget is spent); a runtime of one

@@ -10,10 +10,12 @@
 //! client's waiting threads and background driver) takes the reader from
 //! here when it is free.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::task::AtomicWaker;
 use tokio::sync::futures::Notified;
@@ -23,6 +25,14 @@ use uuid::Uuid;
 
 use super::connection::Reader;
 use tubeway_transport::Lent;
+
+/// How long a resting reader may sleep unwatched: callers of a connection
+/// whose socket the reactor watches only on demand leave it so (see
+/// [`tubeway_transport::Connection::watch_on_demand`]), and its task then
+/// watches it again once this much has passed. Only what the broker sends
+/// unasked (a ping, a close) waits so long; a call reads the connection
+/// itself.
+const UNWATCHED_FOR: Duration = Duration::from_millis(2);
 
 /// A connection's reader while nobody runs it.
 #[derive(Default)]
@@ -41,6 +51,9 @@ pub(crate) struct ReaderSlot {
     resting: AtomicBool,
     /// The connection has ended, and the reader with it.
     ended: AtomicBool,
+    /// The reader task has a timer armed to watch the reader again, a
+    /// caller having left it asleep unwatched. Changed under the lock.
+    watchdog: AtomicBool,
     /// Answers read by their callers, for tests to see that they were.
     #[cfg(test)]
     pub(crate) answered_inline: std::sync::atomic::AtomicUsize,
@@ -101,7 +114,28 @@ impl ReaderSlot {
         // Kept here between polls while no caller would borrow it (see
         // `resting`): then the slot costs nothing per poll.
         let mut kept: Option<Box<Reader>> = None;
+        // Armed while callers may leave the reader asleep unwatched: when
+        // it fires, the look below registers it again.
+        let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
         std::future::poll_fn(|cx| {
+            if timer
+                .as_mut()
+                .is_some_and(|t| t.as_mut().poll(cx).is_ready())
+            {
+                timer = None;
+                // Under the lock: a caller that leaves the reader unwatched
+                // after the look re-arms it.
+                let _slot = self.lock();
+                self.watchdog.store(false, Ordering::Relaxed);
+            }
+            if timer.is_none() && self.watchdog.load(Ordering::Relaxed) {
+                let mut armed = Box::pin(tokio::time::sleep(UNWATCHED_FOR));
+                if armed.as_mut().poll(cx).is_pending() {
+                    timer = Some(armed);
+                } else {
+                    self.watchdog.store(false, Ordering::Relaxed);
+                }
+            }
             // A reader kept is busy: it slept at the last look, not now.
             let (mut reader, look) = match kept.take() {
                 Some(r) => (r, false),
@@ -238,11 +272,17 @@ impl Drop for Held<'_> {
             Some(lent) => !(self.undisturbed && r.take_back(lent)),
             None => false,
         };
-        *self.slot.lock() = Some(r);
+        let unwatched = !wake && !r.watched();
+        let mut slot = self.slot.lock();
+        *slot = Some(r);
+        // Asleep, but the reactor would not wake its task: that task arms
+        // a timer to watch it again, unless one runs.
+        let arm = unwatched && !self.slot.watchdog.swap(true, Ordering::Relaxed);
+        drop(slot);
         self.slot.free.notify_one();
         // The lock orders this look after the task's mark, when the task's
         // look found the slot empty.
-        if wake || self.slot.task_waits.load(Ordering::Relaxed) {
+        if wake || arm || self.slot.task_waits.load(Ordering::Relaxed) {
             self.slot.task_waits.store(false, Ordering::Relaxed);
             self.slot.task.wake();
         }
