@@ -2,8 +2,8 @@
 //! benchmark never rots), their JSON checked for every figure and sane
 //! values: sockets and the in-process transport; shared memory with its
 //! bare ping-pongs and the channel mode over shm and fifo; latency mode set
-//! against the default; the table and the plot; bad options; a broker that
-//! dies mid-run.
+//! against the default, and the async client in it; the table and the plot;
+//! bad options; a broker that dies mid-run.
 
 mod common;
 
@@ -363,6 +363,36 @@ fn the_lone_client_is_the_one_asked_for() {
         assert_eq!(in_flight[0]["client"], expected, "{flag}: one in flight");
         // Pipelined figures are the async client's whatever the flag.
         assert_eq!(in_flight[1]["client"], "async", "{flag}: four in flight");
+    }
+}
+
+/// The async client in latency mode over sockets (whose sockets the
+/// reactor watches only on demand) against a real broker: calls one at a
+/// time, read by their callers, and pipelined, read by the reader's task.
+#[test]
+fn the_async_client_in_latency_mode_calls_over_sockets() {
+    let mut cmd = tubeway();
+    cmd.args([
+        "bench",
+        "--json",
+        "--transport",
+        "unix,tcp",
+        "--client",
+        "async",
+    ])
+    .args(["--wait", "busy-spin", "--figures", "round-trip,in-flight"])
+    .args(["--payload", "64B", "--in-flight", "1,4"])
+    .args(TINY);
+    let report = report_of(&mut cmd);
+    for transport in ["unix", "tcp"] {
+        let s = section(&report, transport, Some("call"));
+        assert_eq!(s["wait"], "busy-spin", "{transport}");
+        let rtt = figures(s, "round-trip");
+        assert_eq!(rtt[0]["client"], "async", "{transport}");
+        check_latency(&rtt[0]["latency"]["median"]);
+        for f in figures(s, "in-flight") {
+            assert!(num(&f["msgs_per_sec"]["median"]) > 0.0, "{transport}: {f}");
+        }
     }
 }
 

@@ -1762,10 +1762,7 @@ mod tests {
             let server = server.watch_on_demand().unwrap();
             let mut l = Lending::new(server, client);
             let poll = |r: &mut FrameReader, waker: &std::task::Waker| {
-                std::future::Future::poll(
-                    std::pin::pin!(r.next()),
-                    &mut Context::from_waker(waker),
-                )
+                std::future::Future::poll(std::pin::pin!(r.next()), &mut Context::from_waker(waker))
             };
             l.r.sleep_next();
             assert!(poll(&mut l.r, &l.task).is_pending(), "{url}");
