@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check and test of the project. Installs what it needs itself.
 #
-#   scripts/test.sh            everything (format, lints, all tests, fuzz smoke)
+#   scripts/test.sh            everything (format, lints, docs, all tests, fuzz smoke)
 #   FUZZ_SECONDS=0 scripts/test.sh   skip the fuzz smoke run
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -21,6 +21,9 @@ cargo fmt --all -- --check
 
 step "lints"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "docs (broken links in the API docs, private items included)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --locked
 
 step "build (the CLI tests run the real binary)"
 cargo build --workspace --all-targets --locked

@@ -37,7 +37,7 @@ fn gate() -> &'static (Mutex<Gate>, Condvar) {
 
 /// Runs `f` with the GIL from a thread Python did not start; `None` once
 /// the interpreter is exiting. The thread keeps the thread state it takes
-/// the GIL with (see [`thread_state`](crate::thread_state)).
+/// the GIL with (see [`thread_state`]).
 pub fn attach<R>(f: impl FnOnce(Python<'_>) -> R) -> Option<R> {
     entered(|| {
         let keep = thread_state::wanted();

@@ -211,6 +211,9 @@ pub struct ServerArgs {
           value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub max_connections: u64,
 
+    // The help text names optional parts in brackets, which rustdoc would
+    // take for links.
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// How connections wait for requests: park (sleep in the kernel; the
     /// default for sockets), spin-park[:DURATION] (poll, then sleep),
     /// spin-yield[:DURATION] or busy-spin. Any spinning strategy is latency

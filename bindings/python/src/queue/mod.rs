@@ -465,8 +465,8 @@ impl PyEndpoint {
         }
     }
 
-    /// The next object: (peer, mimetype, head, [buffers]), the payloads as
-    /// read-only memoryviews. Waits up to `timeout` seconds (None: as long as
+    /// The next object: (peer, mimetype, head, buffers), buffers a list of
+    /// the payloads as read-only memoryviews. Waits up to `timeout` seconds (None: as long as
     /// it takes) and raises Timeout; raises ConnectionClosed once for each
     /// peer that leaves, and at once when a client's server is gone.
     /// With `token`, the wait ends (raising `asyncio.CancelledError`) when

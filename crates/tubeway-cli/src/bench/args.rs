@@ -198,6 +198,9 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub idle_connections: Option<u64>,
 
+    // The help text names optional parts in brackets, which rustdoc would
+    // take for links.
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// How every side waits, a comma list measured in turn: default (each
     /// transport's own), park, busy-spin, spin-yield[:D], spin-park[:D].
     /// Spinning strategies are latency mode.

@@ -51,7 +51,7 @@ use crate::{Error, Result};
 /// queued (oneway sends, say) to be written.
 const DROP_FLUSH: Duration = Duration::from_secs(2);
 
-/// The largest future [`Driver::block_on`] keeps on the stack.
+/// The largest future [`Exec::block_on`] keeps on the stack.
 pub(crate) const INLINE_FUTURE: usize = 1024;
 
 /// The process-wide runtime that runs clients made by [`Client::from_async`]
