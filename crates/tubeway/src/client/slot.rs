@@ -118,6 +118,9 @@ impl ReaderSlot {
         // it fires, the look below registers it again.
         let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
         std::future::poll_fn(|cx| {
+            if timer.is_none() && self.watchdog.load(Ordering::Relaxed) {
+                timer = Some(Box::pin(tokio::time::sleep(UNWATCHED_FOR)));
+            }
             if timer
                 .as_mut()
                 .is_some_and(|t| t.as_mut().poll(cx).is_ready())
@@ -127,14 +130,6 @@ impl ReaderSlot {
                 // after the look re-arms it.
                 let _slot = self.lock();
                 self.watchdog.store(false, Ordering::Relaxed);
-            }
-            if timer.is_none() && self.watchdog.load(Ordering::Relaxed) {
-                let mut armed = Box::pin(tokio::time::sleep(UNWATCHED_FOR));
-                if armed.as_mut().poll(cx).is_pending() {
-                    timer = Some(armed);
-                } else {
-                    self.watchdog.store(false, Ordering::Relaxed);
-                }
             }
             // A reader kept is busy: it slept at the last look, not now.
             let (mut reader, look) = match kept.take() {
