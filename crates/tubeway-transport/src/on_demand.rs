@@ -73,13 +73,10 @@ impl Watch {
         Ok(self.registered.insert(registered))
     }
 
-    fn off(&mut self) -> bool {
-        match self.registered.take() {
-            Some(r) => {
-                self.spare = Some(r.into_inner());
-                true
-            }
-            None => false,
+    /// Deregisters it, keeping the descriptor for the next registration.
+    fn off(&mut self) {
+        if let Some(r) = self.registered.take() {
+            self.spare = Some(r.into_inner());
         }
     }
 
@@ -158,10 +155,9 @@ impl OnDemandRead {
     }
 
     /// Stops being watched (its reader spins, asking the kernel itself, or
-    /// is lent to someone who does); true if it was. The next sleep
-    /// registers it again.
-    pub(crate) fn unwatch(&mut self) -> bool {
-        self.watch.off()
+    /// is lent to someone who does). The next sleep registers it again.
+    pub(crate) fn unwatch(&mut self) {
+        self.watch.off();
     }
 
     /// Whether the reactor watches the socket for a task asleep on it.
