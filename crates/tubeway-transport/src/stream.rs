@@ -14,7 +14,7 @@
 //! second hop through the first runtime.
 
 use std::io::{self, IoSlice};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
@@ -81,6 +81,17 @@ enum ReadInner {
     Shm(Box<ShmReader>),
 }
 
+impl ReadInner {
+    /// The socket, and whether it is a Unix one; none on shared memory.
+    fn socket(&self) -> Option<(BorrowedFd<'_>, bool)> {
+        match self {
+            ReadInner::Socket(s) => Some((s.fd(), matches!(s, SocketRead::Unix(_)))),
+            ReadInner::OnDemand(s) => Some((s.fd(), s.is_unix())),
+            ReadInner::Shm(_) => None,
+        }
+    }
+}
+
 #[derive(Debug)]
 enum WriteInner {
     Socket(SocketWrite),
@@ -111,17 +122,8 @@ pub(crate) fn unix(s: UnixStream) -> (ReadHalf, WriteHalf) {
 /// watches the socket only while a task sleeps on it. Shared memory's, and
 /// halves already so, are returned as they are.
 pub(crate) fn on_demand(r: ReadHalf, w: WriteHalf) -> io::Result<(ReadHalf, WriteHalf)> {
-    let mismatch = || io::Error::other("halves of two different connections");
-    // `into_std` deregisters the socket and leaves it non-blocking.
     let (socket, unix) = match (r.inner, w.inner) {
-        (ReadInner::Socket(SocketRead::Tcp(r)), WriteInner::Socket(SocketWrite::Tcp(w))) => {
-            let s = r.reunite(w).map_err(|_| mismatch())?;
-            (std::os::fd::OwnedFd::from(s.into_std()?), false)
-        }
-        (ReadInner::Socket(SocketRead::Unix(r)), WriteInner::Socket(SocketWrite::Unix(w))) => {
-            let s = r.reunite(w).map_err(|_| mismatch())?;
-            (std::os::fd::OwnedFd::from(s.into_std()?), true)
-        }
+        (ReadInner::Socket(r), WriteInner::Socket(w)) => take_back(r, w)?,
         (r, w) => return Ok((ReadHalf::new(r), WriteHalf { inner: w })),
     };
     let (r, w) = crate::on_demand::split(socket, unix)?;
@@ -131,6 +133,24 @@ pub(crate) fn on_demand(r: ReadHalf, w: WriteHalf) -> io::Result<(ReadHalf, Writ
             inner: WriteInner::OnDemand(w),
         },
     ))
+}
+
+/// The socket of a tokio socket's two halves, deregistered from its
+/// reactor and still non-blocking (`into_std`), and whether it is a Unix
+/// one.
+fn take_back(r: SocketRead, w: SocketWrite) -> io::Result<(OwnedFd, bool)> {
+    let mismatch = || io::Error::other("halves of two different connections");
+    match (r, w) {
+        (SocketRead::Tcp(r), SocketWrite::Tcp(w)) => {
+            let s = r.reunite(w).map_err(|_| mismatch())?;
+            Ok((s.into_std()?.into(), false))
+        }
+        (SocketRead::Unix(r), SocketWrite::Unix(w)) => {
+            let s = r.reunite(w).map_err(|_| mismatch())?;
+            Ok((s.into_std()?.into(), true))
+        }
+        _ => Err(mismatch()),
+    }
 }
 
 /// Registers both halves with the current runtime's reactor instead of the
@@ -148,14 +168,10 @@ pub(crate) fn reregister(r: ReadHalf, w: WriteHalf) -> io::Result<(ReadHalf, Wri
                 },
             ))
         }
-        (ReadInner::Socket(SocketRead::Tcp(r)), WriteInner::Socket(SocketWrite::Tcp(w))) => {
-            let s = r.reunite(w).map_err(|_| mismatch())?;
-            Ok(tcp(TcpStream::from_std(s.into_std()?)?))
-        }
-        (ReadInner::Socket(SocketRead::Unix(r)), WriteInner::Socket(SocketWrite::Unix(w))) => {
-            let s = r.reunite(w).map_err(|_| mismatch())?;
-            Ok(unix(UnixStream::from_std(s.into_std()?)?))
-        }
+        (ReadInner::Socket(r), WriteInner::Socket(w)) => match take_back(r, w)? {
+            (s, true) => Ok(unix(UnixStream::from_std(s.into())?)),
+            (s, false) => Ok(tcp(TcpStream::from_std(s.into())?)),
+        },
         (ReadInner::Shm(r), WriteInner::Shm(w)) => Ok(shm(crate::shm::reregister(*r, w)?)),
         _ => Err(mismatch()),
     }
@@ -406,34 +422,21 @@ impl ReadHalf {
     /// process has a single CPU: there is no wake-up from another CPU to
     /// gain, and switching the socket's mode costs two more system calls.
     pub fn wait_readable(&mut self, deadline: Option<Instant>) -> io::Result<bool> {
-        match &self.inner {
-            ReadInner::Socket(SocketRead::Unix(s)) if crate::wait::several_cpus() => {
-                let fd = s.as_ref().as_fd();
+        match self.inner.socket() {
+            Some((fd, true)) if crate::wait::several_cpus() => {
                 sleep_in_recv(fd, &mut self.recv_timeout, deadline)
             }
-            ReadInner::OnDemand(s) if s.is_unix() && crate::wait::several_cpus() => {
-                sleep_in_recv(s.fd(), &mut self.recv_timeout, deadline)
-            }
-            ReadInner::Socket(s) => {
-                crate::wait::poll_until(s.fd(), rustix::event::PollFlags::IN, deadline)
-            }
-            ReadInner::OnDemand(s) => {
-                crate::wait::poll_until(s.fd(), rustix::event::PollFlags::IN, deadline)
-            }
-            ReadInner::Shm(_) => Ok(false),
+            Some((fd, _)) => crate::wait::poll_until(fd, rustix::event::PollFlags::IN, deadline),
+            None => Ok(false),
         }
     }
 
     /// Whether a socket is in non-blocking mode, as the runtime needs it.
     #[cfg(test)]
     pub(crate) fn is_nonblocking(&self) -> bool {
-        match &self.inner {
-            ReadInner::Socket(s) => rustix::fs::fcntl_getfl(s.fd())
-                .is_ok_and(|f| f.contains(rustix::fs::OFlags::NONBLOCK)),
-            ReadInner::OnDemand(s) => rustix::fs::fcntl_getfl(s.fd())
-                .is_ok_and(|f| f.contains(rustix::fs::OFlags::NONBLOCK)),
-            ReadInner::Shm(_) => true,
-        }
+        self.inner.socket().is_none_or(|(fd, _)| {
+            rustix::fs::fcntl_getfl(fd).is_ok_and(|f| f.contains(rustix::fs::OFlags::NONBLOCK))
+        })
     }
 
     /// Waits until the stream may be readable, registering `cx` to be woken.
