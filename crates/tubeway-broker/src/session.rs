@@ -677,6 +677,7 @@ pub(crate) async fn run(
     let id = inner.next_conn_id();
     Counters::inc(&inner.counters.connections_total);
     let live = inner.counters.connections.fetch_add(1, Ordering::Relaxed) + 1;
+    writer.set_wait_strategy(&wait);
     let (writer, flusher) = FrameWriter::new(writer);
     let writer_task = tokio::spawn(flusher);
     let shared = SessionShared::new(id, peer.clone(), inner.clone(), writer);

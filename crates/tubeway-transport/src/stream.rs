@@ -354,6 +354,12 @@ impl ReadHalf {
         }
     }
 
+    /// Whether this reads shared memory, which its peer writes at the
+    /// speed of memory, rather than a socket.
+    pub fn reads_memory(&self) -> bool {
+        matches!(self.inner, ReadInner::Shm(_))
+    }
+
     /// Whether a task asleep on this stream would be woken by what comes:
     /// false for an on-demand socket not registered with the reactor since
     /// it was last polled without sleeping.
@@ -514,6 +520,17 @@ pub struct WriteHalf {
 }
 
 impl WriteHalf {
+    /// How a write that finds a shared-memory ring full waits for room:
+    /// spinning for `wait`'s budget (at most 50 µs, since the spin holds the
+    /// writer's thread) before sleeping until the reader makes room. The
+    /// default is the default strategy's 50 µs; a strategy that does not spin
+    /// sleeps at once. Sockets wait for room in the reactor whatever it is.
+    pub fn set_wait_strategy(&self, wait: &crate::WaitStrategy) {
+        if let WriteInner::Shm(w) = &self.inner {
+            w.set_wait_strategy(wait);
+        }
+    }
+
     /// Whether a write copies into memory the peer reads (shared memory)
     /// rather than making a system call.
     pub fn writes_to_memory(&self) -> bool {

@@ -12,7 +12,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, BytesMut};
-use tubeway_ring::{Consumer, Doorbell, Producer, Region, Side, TryReadError, WriteSomeError};
+use tubeway_ring::{
+    Consumer, Doorbell, Producer, Region, Side, TryReadError, WaitStrategy, WriteSomeError,
+};
 
 use super::bell::{Bell, Readable, Waiter};
 
@@ -21,14 +23,16 @@ use super::bell::{Bell, Readable, Waiter};
 const HANG_UP_CHECK_EVERY: u32 = 4096;
 /// Slices handed to one record; the rest waits for the next write.
 const MAX_PARTS: usize = 16;
-/// How long a writer that found the ring full spins for room before it
-/// sleeps on the doorbell. A reader that keeps up frees the quarter of the
-/// largest record it waits for in about 13 µs (128 KiB of a 1 MiB ring at
-/// 10 GB/s); sleeping instead costs a wake-up (5-50 µs here) and the reader
-/// a doorbell ring, every time, which held 200 MB messages at
-/// 6.5-7.9 GB/s against 7.9-10 GB/s with this spin (docs/performance.md,
-/// "Large messages over shm: spinning for the rest of a frame"). A reader
-/// that does not keep up costs the writer this much CPU per wait.
+/// The longest a writer that found the ring full spins for room before it
+/// sleeps on the doorbell, and how long it spins unless told otherwise
+/// ([`ShmWriter::set_wait_strategy`]). A reader that keeps up frees the
+/// quarter of the largest record the writer waits for in about 13 µs
+/// (128 KiB of a 1 MiB ring at 10 GB/s); sleeping instead costs a wake-up
+/// (5-50 µs here) and the reader a doorbell ring, every time, which held
+/// 200 MB messages at 0.29-0.63x of memcpy against 0.62-0.76x with this spin
+/// (docs/performance.md, "Large messages over shm: spinning for the rest
+/// of a frame"). A reader that does not keep up costs the writer this much
+/// CPU per wait; the spin holds the writer's thread, so it is not longer.
 const ROOM_SPIN: Duration = tubeway_ring::DEFAULT_SPIN;
 
 /// Spins until `need` bytes are free in `tx`, at most `spin`; whether
@@ -78,6 +82,7 @@ pub(crate) fn halves(
             tx,
             readable: None,
             announced: false,
+            room_spin: ROOM_SPIN,
         }),
         waiter,
     };
@@ -257,6 +262,8 @@ struct WriterInner {
     tx: Producer,
     readable: Option<Readable>,
     announced: bool,
+    /// How long a wait for room spins before it sleeps.
+    room_spin: Duration,
 }
 
 impl std::fmt::Debug for ShmWriter {
@@ -295,7 +302,16 @@ impl ShmWriter {
         }
     }
 
-    /// Sleeps on the doorbell until a quarter of the largest record fits.
+    /// Waits for room by `wait`: spinning for its budget, at most
+    /// [`ROOM_SPIN`], before sleeping; not at all for a strategy that does
+    /// not spin.
+    pub(crate) fn set_wait_strategy(&self, wait: &WaitStrategy) {
+        self.lock().room_spin = wait.spin().map_or(ROOM_SPIN, |s| s.min(ROOM_SPIN));
+    }
+
+    /// Spins for room for a while (see [`ShmWriter::set_wait_strategy`]),
+    /// then sleeps on the doorbell until a quarter of the largest record
+    /// fits.
     pub(crate) fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let mut w = self.lock();
         let w = &mut *w;
@@ -313,7 +329,7 @@ impl ShmWriter {
                 continue;
             }
             let need = (w.tx.max_record() / 4).max(1);
-            if room_within(&w.tx, need, ROOM_SPIN) {
+            if room_within(&w.tx, need, w.room_spin) {
                 return Poll::Ready(Ok(()));
             }
             if self.waiter.bell.hung_up() || !w.tx.announce_doorbell_wait(need) {
@@ -367,6 +383,26 @@ mod tests {
         assert!(room_within(&tx, need, Duration::from_secs(10)));
         assert!(started.elapsed() >= Duration::from_millis(20));
         reader.join().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_writer_spins_for_room_by_its_strategy() {
+        let region = Arc::new(Region::heap(&RingConfig::default()).unwrap());
+        let (sock, _peer) = tokio::net::UnixStream::pair().unwrap();
+        let (_r, w) = halves(sock, region, Side::Creator).unwrap();
+        let spin = |w: &ShmWriter| w.lock().room_spin;
+        assert_eq!(spin(&w), ROOM_SPIN);
+        let us = Duration::from_micros;
+        for (wait, expected) in [
+            (WaitStrategy::PARK, Duration::ZERO),
+            (WaitStrategy::SpinPark { spin: us(10) }, us(10)),
+            (WaitStrategy::SpinYield { spin: us(20) }, us(20)),
+            (WaitStrategy::SpinPark { spin: us(500) }, ROOM_SPIN),
+            (WaitStrategy::BusySpin, ROOM_SPIN),
+        ] {
+            w.set_wait_strategy(&wait);
+            assert_eq!(spin(&w), expected, "{wait:?}");
+        }
     }
 
     #[test]

@@ -288,6 +288,7 @@ pub(crate) async fn establish(
     } else {
         stream
     };
+    stream.writer.set_wait_strategy(&wait);
     let (frame_writer, flusher) = FrameWriter::new(stream.writer);
     let conn = Arc::new(Conn {
         can_cancel: AtomicBool::new(false),
