@@ -29,7 +29,7 @@ const MAX_PARTS: usize = 16;
 /// quarter of the largest record the writer waits for in about 13 µs
 /// (128 KiB of a 1 MiB ring at 10 GB/s); sleeping instead costs a wake-up
 /// (5-50 µs here) and the reader a doorbell ring, every time, which held
-/// 200 MB messages at 0.29-0.63x of memcpy against 0.62-0.76x with this spin
+/// 200 MB messages at 0.29-0.63x of memcpy against 0.62-0.77x with this spin
 /// (docs/performance.md, "Large messages over shm: spinning for the rest
 /// of a frame"). A reader that does not keep up costs the writer this much
 /// CPU per wait; the spin holds the writer's thread, so it is not longer.
