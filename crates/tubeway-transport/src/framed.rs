@@ -13,8 +13,7 @@ use tokio::sync::Notify;
 use tubeway_proto::{DecodeError, Decoded, Decoder, EncodedFrame};
 
 use crate::pool::{FrameBuf, FramePool};
-
-use crate::wait::SpinSeat;
+use crate::wait::{SpinSeat, SPIN_YIELD_EVERY};
 use crate::{ReadHalf, SpinGroup, WaitStrategy, WriteHalf};
 
 /// Smallest read buffer; also the chunk size used while skipping an oversized frame.
@@ -29,8 +28,6 @@ const MAX_IOV: usize = 512;
 /// the senders instead of growing memory. One frame is always accepted, so a
 /// frame larger than this still goes out, alone.
 pub const WRITE_QUEUE_BYTES: usize = 4 << 20;
-/// How often a spin with a budget gives the CPU to whoever else waits for it.
-const SPIN_YIELD_EVERY: std::time::Duration = std::time::Duration::from_micros(5);
 /// Polls between two looks at the clock while spinning.
 const SPINS_PER_CLOCK_CHECK: u32 = 16;
 /// Bytes held back by a cork before they go anyway.
