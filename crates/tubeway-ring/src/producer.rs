@@ -1,15 +1,16 @@
 //! The writing end of a ring.
 
 use std::cell::Cell;
+use std::convert::Infallible;
 use std::marker::PhantomData;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::error::{Corrupt, TryWriteError, WriteMessageError, WriteSomeError};
 use crate::parts;
 use crate::record::{self, FLAG_MORE, FLAG_PADDING};
 use crate::ring::Ring;
 use crate::sync::{fence, Ordering};
-use crate::wait::{self, Doorbell, Sleeper, WaitStrategy, Wake, DOORBELL, FUTEX};
+use crate::wait::{self, Doorbell, Sleeper, Spun, WaitStrategy, Wake, DOORBELL, FUTEX};
 
 /// The writing end of a ring: one per ring, `Send` but not `Sync`.
 ///
@@ -84,6 +85,15 @@ impl Producer {
     /// Bytes of data area.
     pub fn capacity(&self) -> usize {
         self.ring.capacity() as usize
+    }
+
+    /// Spins until `need` bytes are free, for at most `spin`, yielding the
+    /// CPU every few microseconds as a budgeted spin does (the reader that
+    /// makes the room may be waiting for it); whether they are. For a writer
+    /// that then waits its own way, such as on a doorbell.
+    pub fn spin_for_room(&self, need: usize, spin: Duration) -> bool {
+        let mut poll = || Ok::<_, Infallible>((self.free() >= need).then_some(()));
+        matches!(wait::spin(Some(spin), None, &mut poll), Ok(Spun::Ready(())))
     }
 
     /// Free bytes in the ring now (0 if the reader's index is corrupt). A

@@ -323,7 +323,7 @@ enum After {
     Park,
 }
 
-enum Spun<T> {
+pub(crate) enum Spun<T> {
     Ready(T),
     Expired,
     BudgetSpent,
@@ -332,7 +332,7 @@ enum Spun<T> {
 /// Spins until `poll` gives a value, `budget` is spent or `deadline` passes.
 /// `budget` none: no limit. Reads the clock only when there is a budget or
 /// a deadline (a zero budget returns at once, without reading it).
-fn spin<T, E>(
+pub(crate) fn spin<T, E>(
     budget: Option<Duration>,
     deadline: Option<Instant>,
     poll: &mut impl FnMut() -> Result<Option<T>, E>,

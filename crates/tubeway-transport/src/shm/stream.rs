@@ -9,7 +9,7 @@
 use std::io::{self, IoSlice};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use tubeway_ring::{
@@ -17,7 +17,6 @@ use tubeway_ring::{
 };
 
 use super::bell::{Bell, Readable, Waiter};
-use crate::wait::SPIN_YIELD_EVERY;
 
 /// Polls of an empty ring between two looks at the socket for a hang-up,
 /// for readers that spin and never sleep on it.
@@ -45,30 +44,6 @@ const ROOM_SPIN: Duration = tubeway_ring::DEFAULT_SPIN;
 /// messages over shm: spinning for the rest of a frame"). So the writer
 /// sleeps at once for the next this many waits, then tries a spin again.
 const SKIP_AFTER_EMPTY_SPIN: u32 = 15;
-
-/// Spins until `need` bytes are free in `tx`, at most `spin`; whether
-/// they are.
-fn room_within(tx: &Producer, need: usize, spin: Duration) -> bool {
-    let mut times: Option<(Instant, Instant)> = None;
-    loop {
-        for _ in 0..64 {
-            if tx.free() >= need {
-                return true;
-            }
-            std::hint::spin_loop();
-        }
-        let now = Instant::now();
-        let (until, next_yield) = times.get_or_insert((now + spin, now + SPIN_YIELD_EVERY));
-        if now >= *until {
-            return false;
-        }
-        if now >= *next_yield {
-            // The reader that makes the room may be waiting for this CPU.
-            std::thread::yield_now();
-            *next_yield = now + SPIN_YIELD_EVERY;
-        }
-    }
-}
 
 /// Builds both halves of one side of a connection.
 pub(crate) fn halves(
@@ -294,7 +269,7 @@ impl WriterInner {
             self.skip_spins -= 1;
             return false;
         }
-        let found = room_within(&self.tx, need, self.room_spin);
+        let found = self.tx.spin_for_room(need, self.room_spin);
         if !found {
             self.skip_spins = SKIP_AFTER_EMPTY_SPIN;
         }
@@ -387,6 +362,7 @@ impl ShmWriter {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use std::time::Instant;
     use tubeway_ring::RingConfig;
 
     /// Both ends of one ring of `capacity` bytes, in this process.
@@ -406,7 +382,7 @@ mod tests {
         let (mut tx, mut rx) = ring(64 << 10);
         fill(&mut tx);
         let need = tx.max_record() / 4;
-        assert!(!room_within(&tx, need, Duration::ZERO));
+        assert!(!tx.spin_for_room(need, Duration::ZERO));
         // The reader drains the ring a while after the writer began to spin:
         // the spin, not a first look, finds the room.
         let started = Instant::now();
@@ -416,7 +392,7 @@ mod tests {
                 drop(record);
             }
         });
-        assert!(room_within(&tx, need, Duration::from_secs(10)));
+        assert!(tx.spin_for_room(need, Duration::from_secs(10)));
         assert!(started.elapsed() >= Duration::from_millis(20));
         reader.join().unwrap();
     }
@@ -472,7 +448,7 @@ mod tests {
         fill(&mut tx);
         let need = tx.max_record() / 4;
         let started = Instant::now();
-        assert!(!room_within(&tx, need, Duration::from_millis(5)));
+        assert!(!tx.spin_for_room(need, Duration::from_millis(5)));
         let took = started.elapsed();
         assert!(took >= Duration::from_millis(5), "gave up after {took:?}");
         assert!(took < Duration::from_secs(5), "spun for {took:?}");
