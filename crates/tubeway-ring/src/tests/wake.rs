@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::pair;
+use super::{pair, Pair};
 use crate::{Doorbell, Sleeper, Wake};
 
 #[test]
@@ -87,4 +87,43 @@ fn wakes_combine_with_the_one_needing_action_first() {
     assert_eq!(Wake::DoorbellRung.and(Wake::None), Wake::DoorbellRung);
     assert!(Wake::Doorbell.must_ring());
     assert!(!Wake::DoorbellRung.must_ring());
+}
+
+/// Fills ring 0 with 1000-byte records; the room a quarter of the largest
+/// record needs is then gone.
+fn full(capacity: usize) -> (Pair, usize) {
+    let mut p = pair(capacity);
+    while p.tx.try_write(&[&[7u8; 1000]]).is_ok() {}
+    let need = p.tx.max_record() / 4;
+    (p, need)
+}
+
+#[test]
+fn a_writer_facing_a_full_ring_spins_until_the_reader_makes_room() {
+    use std::time::{Duration, Instant};
+    let (Pair { tx, mut rx, .. }, need) = full(64 << 10);
+    assert!(!tx.spin_for_room(need, Duration::ZERO));
+    // The reader drains the ring a while after the writer began to spin:
+    // the spin, not a first look, finds the room.
+    let started = Instant::now();
+    let reader = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        while let Some(record) = rx.try_read().unwrap() {
+            drop(record);
+        }
+    });
+    assert!(tx.spin_for_room(need, Duration::from_secs(10)));
+    assert!(started.elapsed() >= Duration::from_millis(20));
+    reader.join().unwrap();
+}
+
+#[test]
+fn a_writer_spins_for_room_no_longer_than_asked() {
+    use std::time::{Duration, Instant};
+    let (p, need) = full(64 << 10);
+    let started = Instant::now();
+    assert!(!p.tx.spin_for_room(need, Duration::from_millis(5)));
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(5), "gave up after {took:?}");
+    assert!(took < Duration::from_secs(5), "spun for {took:?}");
 }
