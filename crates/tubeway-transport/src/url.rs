@@ -26,7 +26,7 @@ pub enum Url {
     /// machine. `name` is a plain name (a socket in the user's private
     /// directory) or an absolute socket path (`shm:///run/app/bus.sock`);
     /// `ring` asks for rings of that many bytes per direction (rounded up to
-    /// a power of two, at most 64 MiB; default 1 MiB).
+    /// a power of two, at most 64 MiB; default 4 MiB).
     Shm {
         /// The name, or an absolute socket path.
         name: String,

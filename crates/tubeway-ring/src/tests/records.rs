@@ -229,6 +229,16 @@ fn write_some_takes_the_stretch_before_the_end_when_larger() {
 }
 
 #[test]
+fn a_writer_of_fragments_waits_for_a_quarter_record_at_most_its_cap() {
+    assert_eq!(pair(256).tx.fragment_room(), 30);
+    // (512 KiB - 8) / 4: just under the cap.
+    assert_eq!(pair(1 << 20).tx.fragment_room(), (128 << 10) - 2);
+    // A larger ring frees its writer as soon as a smaller one does.
+    assert_eq!(pair(4 << 20).tx.fragment_room(), crate::FRAGMENT_ROOM_MAX);
+    assert_eq!(pair(64 << 20).tx.fragment_room(), crate::FRAGMENT_ROOM_MAX);
+}
+
+#[test]
 fn a_message_larger_than_a_record_is_fragmented_and_reassembled() {
     let mut p = pair(1024);
     let max = p.tx.max_record();

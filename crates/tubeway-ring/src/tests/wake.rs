@@ -89,12 +89,12 @@ fn wakes_combine_with_the_one_needing_action_first() {
     assert!(!Wake::DoorbellRung.must_ring());
 }
 
-/// Fills ring 0 with 1000-byte records; the room a quarter of the largest
-/// record needs is then gone.
+/// Fills ring 0 with 1000-byte records; the room a writer of fragments
+/// waits for is then gone.
 fn full(capacity: usize) -> (Pair, usize) {
     let mut p = pair(capacity);
     while p.tx.try_write(&[&[7u8; 1000]]).is_ok() {}
-    let need = p.tx.max_record() / 4;
+    let need = p.tx.fragment_room();
     (p, need)
 }
 

@@ -26,8 +26,8 @@ const MAX_PARTS: usize = 16;
 /// The longest a writer that found the ring full spins for room before it
 /// sleeps on the doorbell, and how long it spins unless told otherwise
 /// ([`ShmWriter::set_wait_strategy`]). A reader that keeps up frees the
-/// quarter of the largest record the writer waits for in about 13 µs
-/// (128 KiB of a 1 MiB ring at 10 GB/s); sleeping instead costs a wake-up
+/// room the writer waits for in about 13 µs (at most 128 KiB at 10 GB/s,
+/// [`Producer::fragment_room`]); sleeping instead costs a wake-up
 /// (5-50 µs here) and the reader a doorbell ring, every time, which held
 /// 200 MB messages at 0.29-0.63x of memcpy against 0.62-0.77x with this spin
 /// (docs/performance.md, "Large messages over shm: spinning for the rest
@@ -321,8 +321,8 @@ impl ShmWriter {
     }
 
     /// Spins for room for a while (see [`ShmWriter::set_wait_strategy`]),
-    /// then sleeps on the doorbell until a quarter of the largest record
-    /// fits.
+    /// then sleeps on the doorbell until the room the ring's own writer of
+    /// fragments waits for fits ([`Producer::fragment_room`]).
     pub(crate) fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let mut w = self.lock();
         let w = &mut *w;
@@ -339,7 +339,7 @@ impl ShmWriter {
                 }
                 continue;
             }
-            let need = (w.tx.max_record() / 4).max(1);
+            let need = w.tx.fragment_room();
             if w.spin_for_room(need) {
                 return Poll::Ready(Ok(()));
             }
@@ -396,7 +396,7 @@ mod tests {
         let (_r, w) = halves(sock, region, Side::Creator).unwrap();
         let mut w = w.lock();
         fill(&mut w.tx);
-        let need = w.tx.max_record() / 4;
+        let need = w.tx.fragment_room();
         let spin = Duration::from_millis(50);
         w.room_spin = spin;
         let timed = |w: &mut WriterInner| {
