@@ -24,12 +24,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
+use tubeway_transport::SPIN_YIELD_EVERY;
+
 /// How long a thread with nothing to run sleeps before it ends.
 const KEEP_ALIVE: Duration = Duration::from_secs(10);
-
-/// How often a polling thread gives the others waiting for its CPU a turn:
-/// the one that will queue the next call may be among them.
-const YIELD_EVERY: Duration = Duration::from_micros(5);
 
 /// One call of a handler, answer included.
 pub type Job = Box<dyn FnOnce(&Ready<'_>) + Send>;
@@ -301,7 +299,7 @@ impl Inner {
     fn poll(&self) -> bool {
         let spin = self.spin();
         let start = Instant::now();
-        let mut next_yield = start + YIELD_EVERY;
+        let mut next_yield = start + SPIN_YIELD_EVERY;
         loop {
             for _ in 0..64 {
                 if self.queued.load(Ordering::Acquire) > 0 {
@@ -315,7 +313,7 @@ impl Inner {
             }
             if now >= next_yield {
                 thread::yield_now();
-                next_yield = now + YIELD_EVERY;
+                next_yield = now + SPIN_YIELD_EVERY;
             }
         }
     }

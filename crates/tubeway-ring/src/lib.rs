@@ -70,4 +70,4 @@ pub use region::{
     MIN_CAPACITY,
 };
 pub use strategy::WaitStrategyError;
-pub use wait::{Doorbell, Sleeper, WaitStrategy, Wake, DEFAULT_SPIN};
+pub use wait::{Doorbell, Sleeper, WaitStrategy, Wake, DEFAULT_SPIN, SPIN_YIELD_EVERY};

@@ -244,8 +244,12 @@ pub(crate) fn withdraw(word: &AtomicU32) {
     word.swap(NOT_WAITING, Ordering::Relaxed);
 }
 
-/// How often a budgeted spin yields its CPU to whoever waits for it.
-const YIELD_EVERY: Duration = Duration::from_micros(5);
+/// How often a spin with a budget gives its CPU to whoever else waits for
+/// it: on a small machine the peer that will end the wait may be waiting
+/// for the very CPU the spinner holds. Every spinner of the workspace
+/// yields by it: the ring's, the transport's readers, the broker's
+/// polling threads.
+pub const SPIN_YIELD_EVERY: Duration = Duration::from_micros(5);
 
 /// Spins between two looks at the clock: a look costs ~25 ns, a spin of a
 /// few ns, and the budgets are tens of microseconds.
@@ -341,7 +345,7 @@ pub(crate) fn spin<T, E>(
         return Ok(Spun::BudgetSpent);
     }
     let start = (budget.is_some() || deadline.is_some()).then(Instant::now);
-    let mut next_yield = start.map(|s| s + YIELD_EVERY);
+    let mut next_yield = start.map(|s| s + SPIN_YIELD_EVERY);
     loop {
         for _ in 0..SPINS_PER_CLOCK_CHECK {
             if let Some(v) = poll()? {
@@ -363,7 +367,7 @@ pub(crate) fn spin<T, E>(
             // may be that wakee. Costs a system call when nobody waits.
             if budget.is_some() && next_yield.is_some_and(|y| now >= y) {
                 yield_now();
-                next_yield = Some(now + YIELD_EVERY);
+                next_yield = Some(now + SPIN_YIELD_EVERY);
             }
         }
     }

@@ -29,4 +29,4 @@ pub use large::LargeBuffer;
 pub use pool::FramePool;
 pub use stream::{ReadHalf, WriteHalf};
 pub use url::{Url, UrlError};
-pub use wait::{SpinGroup, WaitStrategy, WaitStrategyError, DEFAULT_SPIN};
+pub use wait::{SpinGroup, WaitStrategy, WaitStrategyError, DEFAULT_SPIN, SPIN_YIELD_EVERY};

@@ -16,12 +16,7 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
 use rustix::net::sockopt::Timeout;
 
-pub use tubeway_ring::{WaitStrategy, WaitStrategyError, DEFAULT_SPIN};
-
-/// How often a spin with a budget gives the CPU to whoever else waits for
-/// it: on a small machine the peer that will end the wait may be waiting
-/// for the very CPU the spinner holds.
-pub(crate) const SPIN_YIELD_EVERY: Duration = Duration::from_micros(5);
+pub use tubeway_ring::{WaitStrategy, WaitStrategyError, DEFAULT_SPIN, SPIN_YIELD_EVERY};
 
 /// Sleeps in `poll` until `fd` may be ready for `flags`, `deadline` passes
 /// (never, for `None`) or a signal comes; false, without sleeping, when
