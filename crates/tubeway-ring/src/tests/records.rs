@@ -229,7 +229,7 @@ fn write_some_takes_the_stretch_before_the_end_when_larger() {
 }
 
 #[test]
-fn a_writer_of_fragments_waits_for_a_quarter_record_at_most_its_cap() {
+fn the_room_a_writer_of_fragments_waits_for_is_a_quarter_record_at_most_its_cap() {
     assert_eq!(pair(256).tx.fragment_room(), 30);
     // (512 KiB - 8) / 4: just under the cap.
     assert_eq!(pair(1 << 20).tx.fragment_room(), (128 << 10) - 2);
