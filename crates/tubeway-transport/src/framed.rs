@@ -208,7 +208,10 @@ impl FrameReader {
     /// asleep sleeps again, waiting to be woken through the stream as
     /// before, with the waker it had. False when it cannot, and must be
     /// polled: bytes of a next frame were read with the borrower's, or came
-    /// meanwhile, or the peer hung up. A wake-up of that waker while the
+    /// meanwhile, or the peer hung up, or the borrower's poll registered its
+    /// own waker on the way to what it got (a shared-memory reader whose
+    /// spin ran out waits on its doorbell, then finds the frame in its last
+    /// look and completes). A wake-up of that waker while the
     /// reader was lent (a socket's reactor saw the borrower's bytes come)
     /// stands: its owner polls it as after any, which registers it again.
     /// Shared memory wakes nobody for what the borrower reads. An

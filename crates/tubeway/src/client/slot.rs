@@ -184,8 +184,9 @@ pub(crate) struct Held<'a> {
     reader: Option<Box<Reader>>,
     /// How the reader was when [lent](Held::lend).
     lent: Option<Lent>,
-    /// Since lent, it was polled only to completion: nothing it waits on
-    /// was registered with the borrower's waker, which wakes nothing.
+    /// Since lent, it was polled only to completion. A poll that completes
+    /// may still have registered the borrower's waker (which wakes nothing)
+    /// on its way: [`Reader::take_back`] tells.
     undisturbed: bool,
 }
 
