@@ -127,3 +127,47 @@ fn a_writer_spins_for_room_no_longer_than_asked() {
     assert!(took >= Duration::from_millis(5), "gave up after {took:?}");
     assert!(took < Duration::from_secs(5), "spun for {took:?}");
 }
+
+#[test]
+fn a_writer_of_fragments_is_woken_once_its_fragment_fits_and_no_later() {
+    use std::time::{Duration, Instant};
+    let (mut p, need) = full(64 << 10);
+    let message = vec![3u8; 4 * p.tx.max_record()];
+    let Pair { tx, rx, .. } = &mut p;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let sent = &message;
+    std::thread::scope(|s| {
+        let writer =
+            s.spawn(move || tx.write_message(&[sent], &crate::WaitStrategy::PARK, Some(deadline)));
+        // Nothing fits: the writer sleeps.
+        while rx.peer_waiting() != Some(Sleeper::Futex) {
+            assert!(Instant::now() < deadline, "the writer never slept");
+            std::thread::yield_now();
+        }
+        // Released one at a time, records free room 1008 bytes each (1000
+        // and their header): the release that makes a fragment fit wakes
+        // the writer, not one before, nor a later one.
+        let mut freed = 0;
+        loop {
+            let record = rx.try_read().unwrap().unwrap();
+            freed += record.len() + 8;
+            if record.release() == Wake::Futex {
+                break;
+            }
+            assert!(freed < need, "{freed} bytes free, and the writer sleeps on");
+        }
+        assert!(
+            (need..need + 1008 + 16).contains(&freed),
+            "woken with {freed} bytes free for {need}"
+        );
+        let mut got = 0;
+        while got < message.len() {
+            match rx.try_read().unwrap() {
+                Some(record) if record.len() == 1000 => {}
+                Some(record) => got += record.len(),
+                None => assert!(Instant::now() < deadline, "the message stopped at {got}"),
+            }
+        }
+        assert!(writer.join().unwrap().is_ok());
+    });
+}

@@ -435,6 +435,38 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn a_writer_out_of_room_is_rung_once_a_fragment_fits_and_no_later() {
+        let (mut r, w) = reader_and_peer_writer();
+        w.set_wait_strategy(&WaitStrategy::PARK);
+        while w.try_write_vectored(&[IoSlice::new(&[7u8; 1000])]).is_ok() {}
+        let task = Arc::new(Flag(tokio::sync::Notify::new()));
+        let waker = std::task::Waker::from(task.clone());
+        assert!(w
+            .poll_write_ready(&mut Context::from_waker(&waker))
+            .is_pending());
+        let need = w.lock().tx.fragment_room();
+        // Records of 1000 bytes free 1008 each, with their header.
+        let mut freed = 0;
+        loop {
+            let record = r.rx.try_read().unwrap().unwrap();
+            freed += record.len() + 8;
+            if record.release() == tubeway_ring::Wake::DoorbellRung {
+                break;
+            }
+            assert!(freed < need, "{freed} bytes free, and the writer sleeps on");
+        }
+        assert!(
+            (need..need + 1008 + 16).contains(&freed),
+            "rung with {freed} bytes free for {need}"
+        );
+        let woken = tokio::time::timeout(Duration::from_secs(5), task.0.notified()).await;
+        assert!(woken.is_ok(), "the writer's task was not woken");
+        assert!(w
+            .poll_write_ready(&mut Context::from_waker(&waker))
+            .is_ready());
+    }
+
     /// Both ends of a connection: this side's reader, the peer's writer.
     fn reader_and_peer_writer() -> (ShmReader, ShmWriter) {
         let region = Arc::new(Region::heap(&RingConfig::default().capacity(64 << 10)).unwrap());
