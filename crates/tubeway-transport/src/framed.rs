@@ -483,10 +483,10 @@ impl FrameReader {
 
     /// How long this wait spins before it parks (`None`: for ever). A
     /// reader of shared memory in the middle of a frame spins at least
-    /// [`MID_FRAME_SPIN`].
+    /// [`MID_FRAME_SPIN`], skipping the rest of one too large too.
     fn budget(&self) -> Option<Duration> {
         let spin = self.wait.spin()?;
-        let mid_frame = self.recycling.is_some() || !self.buf.is_empty();
+        let mid_frame = self.recycling.is_some() || !self.decoder.is_idle(&self.buf);
         Some(
             if mid_frame && !spin.is_zero() && self.reader.reads_memory() {
                 spin.max(MID_FRAME_SPIN)
@@ -1285,6 +1285,34 @@ mod tests {
             budgets_mid_frame("mem://framed-midframe", short).await,
             [Some(short); 3]
         );
+    }
+
+    /// Skipping the rest of a frame too large is being in the middle of one.
+    #[tokio::test]
+    async fn a_reader_of_shared_memory_skipping_a_frame_spins_longer_for_its_rest() {
+        let short = Duration::from_micros(20);
+        let (server, client) = pair(&shm_url("midskip")).await;
+        let mut r = FrameReader::new(server.reader, 1000);
+        r.set_wait_strategy(WaitStrategy::SpinPark { spin: short });
+        let frame = codec::encode(&Message::binary(vec![3u8; 4000], None), 1 << 20).unwrap();
+        let head = [&frame.head[..], &frame.payload[..500]].concat();
+        let w = &client.writer;
+        let n = within(poll_fn(|cx| {
+            w.poll_write_vectored_some(cx, &[IoSlice::new(&head)])
+        }))
+        .await
+        .unwrap();
+        assert_eq!(n, head.len());
+        match within(r.next()).await.unwrap() {
+            Some(Decoded::TooLarge { .. }) => {}
+            other => panic!("expected the frame refused, got {other:?}"),
+        }
+        // Once the bytes read are skipped, the rest is still to come.
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let next = std::future::Future::poll(std::pin::pin!(r.next()), &mut cx);
+        assert!(next.is_pending());
+        assert!(!r.has_buffered());
+        assert_eq!(r.budget(), Some(MID_FRAME_SPIN));
     }
 
     /// The budgets of a reader spinning `short` between frames: before a
