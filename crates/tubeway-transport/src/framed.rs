@@ -120,6 +120,10 @@ pub struct FrameReader {
     in_a_row: u32,
     /// The last poll was pending, waiting to be woken through the stream.
     asleep: bool,
+    /// The stream itself was polled since the last [lend](Self::lend):
+    /// whoever polled it may have left its waker registered there, even if
+    /// the poll then found bytes and completed.
+    polled_stream: bool,
 }
 
 /// How a reader was when [lent](FrameReader::lend).
@@ -147,6 +151,7 @@ impl FrameReader {
             seat: None,
             in_a_row: 0,
             asleep: false,
+            polled_stream: false,
         }
     }
 
@@ -192,6 +197,7 @@ impl FrameReader {
     /// anew by the strategy, at once. What it returns tells
     /// [`take_back`](Self::take_back) how to put the reader back as it was.
     pub fn lend(&mut self) -> Lent {
+        self.polled_stream = false;
         let lent = Lent {
             asleep: std::mem::take(&mut self.asleep),
             withdrew: self.reader.withdraw_wait(),
@@ -208,10 +214,13 @@ impl FrameReader {
     /// asleep sleeps again, waiting to be woken through the stream as
     /// before, with the waker it had. False when it cannot, and must be
     /// polled: bytes of a next frame were read with the borrower's, or came
-    /// meanwhile, or the peer hung up, or the borrower's poll registered its
-    /// own waker on the way to what it got (a shared-memory reader whose
-    /// spin ran out waits on its doorbell, then finds the frame in its last
-    /// look and completes). A wake-up of that waker while the
+    /// meanwhile, or the peer hung up, or the borrower's poll waited on the
+    /// stream itself (its spin ran out, or it does not spin). A stream's
+    /// poll may register the poller's waker and still complete: tokio looks
+    /// at a socket's readiness once more after registering, a
+    /// shared-memory reader at its ring after announcing its sleep. The
+    /// stream would then wake the borrower, not the owner. A wake-up of
+    /// that waker while the
     /// reader was lent (a socket's reactor saw the borrower's bytes come)
     /// stands: its owner polls it as after any, which registers it again.
     /// Shared memory wakes nobody for what the borrower reads. An
@@ -223,6 +232,9 @@ impl FrameReader {
         if !lent.asleep {
             // Its owner polls it again anyway.
             return true;
+        }
+        if self.polled_stream {
+            return false;
         }
         self.spin = Spin {
             parked: self.wait.spins(),
@@ -377,6 +389,7 @@ impl FrameReader {
                     return Poll::Ready(r);
                 }
             }
+            self.polled_stream = true;
             let read = match &mut self.recycling {
                 Some(r) => self.reader.poll_read_into(cx, r.rest()),
                 None => self.reader.poll_read_buf(cx, &mut self.buf),
@@ -1777,53 +1790,43 @@ mod tests {
             let frame = codec::encode(&Message::plain_text(text), 1 << 20).unwrap();
             self.writer.send(frame).await.unwrap();
         }
-    }
 
-    /// A reader asleep, lent to someone who polls it for one frame with a
-    /// waker that wakes nothing, then taken back, sleeps as it was: the
-    /// next frame wakes the task it slept for. On shared memory that takes
-    /// the request for a doorbell withdrawn for the lend, and made again.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_lent_reader_goes_back_to_sleep_as_it_was() {
-        let p = std::env::temp_dir().join(format!("tw-lend-{}.sock", std::process::id()));
-        let unix = format!("unix://{}", p.display());
-        let shm = shm_url("lend");
-        for url in [
-            "tcp://127.0.0.1:0",
-            unix.as_str(),
-            "mem://framed-lend",
-            &shm,
-        ] {
-            let (server, client) = pair(url).await;
-            let mut l = Lending::new(server, client);
-            // Asleep, for the task of `task`.
-            l.r.sleep_next();
+        /// Puts the reader to sleep, for the task of `task`.
+        fn sleep(&mut self, url: &str) {
+            self.r.sleep_next();
             let polled = std::future::Future::poll(
-                std::pin::pin!(l.r.next()),
-                &mut Context::from_waker(&l.task),
+                std::pin::pin!(self.r.next()),
+                &mut Context::from_waker(&self.task),
             );
-            assert!(polled.is_pending() && !l.r.woke_itself(), "{url}");
-            let lent = l.r.lend();
-            l.send("answer").await;
+            assert!(polled.is_pending() && !self.r.woke_itself(), "{url}");
+        }
+
+        /// Polls the reader with a waker that wakes nothing, as a borrower
+        /// does, until it reads a message, which must be `text`.
+        fn borrow_next(&mut self, url: &str, text: &str) {
             let mut cx = Context::from_waker(std::task::Waker::noop());
             let deadline = Instant::now() + std::time::Duration::from_secs(5);
-            let got = loop {
-                let polled = std::future::Future::poll(std::pin::pin!(l.r.next()), &mut cx);
+            loop {
+                let polled = std::future::Future::poll(std::pin::pin!(self.r.next()), &mut cx);
                 match polled {
-                    Poll::Ready(Ok(Some(Decoded::Message(m)))) => break m,
+                    Poll::Ready(Ok(Some(Decoded::Message(m)))) => {
+                        assert_eq!(m.text_payload().unwrap(), text, "{url}");
+                        return;
+                    }
                     Poll::Pending => assert!(Instant::now() < deadline, "{url}: no answer"),
                     other => panic!("{url}: {other:?}"),
                 }
-            };
-            assert_eq!(got.text_payload().unwrap(), "answer", "{url}");
-            assert!(l.r.take_back(lent), "{url}");
-            l.send("after").await;
-            // As the task would: polled at each wake-up, the one a socket's
-            // reactor made for the answer (maybe after it was read) too.
+            }
+        }
+
+        /// The next message, as the task reads it: polled at each of its
+        /// wake-ups (a wake-up from before, such as the one a socket's
+        /// reactor made for a borrower's frame, counts too). It must be `text`.
+        async fn woken_next(&mut self, url: &str, text: &str) {
             let mut seen = 0;
             let deadline = Instant::now() + std::time::Duration::from_secs(5);
-            let got = loop {
-                let now = l.wakes.0.load(std::sync::atomic::Ordering::SeqCst);
+            loop {
+                let now = self.wakes.0.load(std::sync::atomic::Ordering::SeqCst);
                 if now == seen {
                     assert!(
                         Instant::now() < deadline,
@@ -1834,16 +1837,76 @@ mod tests {
                 }
                 seen = now;
                 let polled = std::future::Future::poll(
-                    std::pin::pin!(l.r.next()),
-                    &mut Context::from_waker(&l.task),
+                    std::pin::pin!(self.r.next()),
+                    &mut Context::from_waker(&self.task),
                 );
                 match polled {
-                    Poll::Ready(Ok(Some(Decoded::Message(m)))) => break m,
-                    Poll::Pending => assert!(!l.r.woke_itself(), "{url}"),
+                    Poll::Ready(Ok(Some(Decoded::Message(m)))) => {
+                        assert_eq!(m.text_payload().unwrap(), text, "{url}");
+                        return;
+                    }
+                    Poll::Pending => assert!(!self.r.woke_itself(), "{url}"),
                     other => panic!("{url}: {other:?}"),
                 }
-            };
-            assert_eq!(got.text_payload().unwrap(), "after", "{url}");
+            }
+        }
+    }
+
+    fn lend_urls(tag: &str) -> [String; 4] {
+        let p = std::env::temp_dir().join(format!("tw-{tag}-{}.sock", std::process::id()));
+        [
+            "tcp://127.0.0.1:0".into(),
+            format!("unix://{}", p.display()),
+            format!("mem://framed-{tag}"),
+            shm_url(tag),
+        ]
+    }
+
+    /// A reader asleep, lent to someone who polls it for one frame with a
+    /// waker that wakes nothing, then taken back, sleeps as it was: the
+    /// next frame wakes the task it slept for. On shared memory that takes
+    /// the request for a doorbell withdrawn for the lend, and made again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lent_reader_goes_back_to_sleep_as_it_was() {
+        for url in lend_urls("lend") {
+            let (server, client) = pair(&url).await;
+            let mut l = Lending::new(server, client);
+            l.sleep(&url);
+            let lent = l.r.lend();
+            l.send("answer").await;
+            l.borrow_next(&url, "answer");
+            assert!(l.r.take_back(lent), "{url}");
+            l.send("after").await;
+            l.woken_next(&url, "after").await;
+        }
+    }
+
+    /// A reader whose borrower waited on the stream itself is not put back
+    /// to sleep: the stream may hold the borrower's waker, which wakes
+    /// nothing. Its owner polls it, which registers the owner's waker, and
+    /// the next frame wakes the owner.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lent_reader_whose_borrower_waited_is_polled_by_its_task() {
+        for url in lend_urls("lend-waited") {
+            let (server, client) = pair(&url).await;
+            let mut l = Lending::new(server, client);
+            l.r.set_wait_strategy(WaitStrategy::PARK);
+            l.sleep(&url);
+            let lent = l.r.lend();
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            let polled = std::future::Future::poll(std::pin::pin!(l.r.next()), &mut cx);
+            assert!(polled.is_pending(), "{url}");
+            l.send("answer").await;
+            l.borrow_next(&url, "answer");
+            assert!(!l.r.take_back(lent), "{url}");
+            // Woken by its borrower, the task polls it.
+            let polled = std::future::Future::poll(
+                std::pin::pin!(l.r.next()),
+                &mut Context::from_waker(&l.task),
+            );
+            assert!(polled.is_pending(), "{url}");
+            l.send("after").await;
+            l.woken_next(&url, "after").await;
         }
     }
 

@@ -67,7 +67,6 @@ pub(crate) fn halves(
         waiter: waiter.clone(),
         readable: None,
         announced: false,
-        waited_since_withdraw: false,
         idle_polls: 0,
     };
     let writer = ShmWriter {
@@ -121,10 +120,6 @@ pub(crate) struct ShmReader {
     /// Announced as sleeping on the doorbell; withdrawn before the next
     /// read, so a reader that spins again does not make the peer ring.
     announced: bool,
-    /// The doorbell wait was polled since [`withdraw_wait`](Self::withdraw_wait),
-    /// by whoever the reader was lent to: it may hold that poll's waker now,
-    /// even if the poll found a record after all and completed.
-    waited_since_withdraw: bool,
     idle_polls: u32,
 }
 
@@ -201,7 +196,6 @@ impl ShmReader {
 
     /// Withdraws the announcement that this reader sleeps, if it made one.
     pub(crate) fn withdraw_wait(&mut self) -> bool {
-        self.waited_since_withdraw = false;
         if !self.announced {
             return false;
         }
@@ -213,13 +207,8 @@ impl ShmReader {
     /// Announces again that this reader sleeps, the task it last registered
     /// on the doorbell to be woken; false, announcing nothing, when that
     /// task is not registered, the ring holds something, or the peer hung up.
-    /// False too when the wait was polled since it was withdrawn: a reader
-    /// lent to a caller whose spin ran out polls the doorbell with the
-    /// caller's waker (one that wakes nothing), and may still find a record
-    /// in the look after its announcement and complete; the doorbell would
-    /// then wake nobody.
     pub(crate) fn resume_wait(&mut self) -> bool {
-        if self.readable.is_none() || self.waited_since_withdraw || self.waiter.bell.hung_up() {
+        if self.readable.is_none() || self.waiter.bell.hung_up() {
             return false;
         }
         if !self.rx.announce_doorbell_wait() {
@@ -231,7 +220,6 @@ impl ShmReader {
 
     /// Sleeps on the doorbell until the ring may have something.
     pub(crate) fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.waited_since_withdraw = true;
         loop {
             // Registered first, so a ring after the announcement is never missed.
             if self.waiter.poll_readable(&mut self.readable, cx).is_ready() {
@@ -477,11 +465,9 @@ mod tests {
     }
 
     /// A reader asleep on its doorbell for its task (returned), then lent to
-    /// a caller that gets its answer: the answer comes unrung (the wait was
-    /// withdrawn), and the caller reads it, after waiting on the doorbell
-    /// with its own waker if `borrower_waits`: its spin ran out just as the
-    /// answer came, which it found in the look after announcing.
-    fn lent_and_answered(borrower_waits: bool) -> (ShmReader, ShmWriter, Arc<Flag>) {
+    /// a caller that reads its answer without waiting: the answer comes
+    /// unrung, the wait having been withdrawn.
+    fn lent_and_answered() -> (ShmReader, ShmWriter, Arc<Flag>) {
         let (mut r, peer) = reader_and_peer_writer();
         let task = Arc::new(Flag(tokio::sync::Notify::new()));
         let waker = std::task::Waker::from(task.clone());
@@ -490,27 +476,14 @@ mod tests {
             .is_pending());
         assert!(r.withdraw_wait());
         peer.try_write_vectored(&[IoSlice::new(b"answer")]).unwrap();
-        if borrower_waits {
-            let borrower = std::task::Waker::noop();
-            assert!(r
-                .poll_read_ready(&mut Context::from_waker(borrower))
-                .is_ready());
-        }
         let mut buf = BytesMut::with_capacity(64);
         assert_eq!(r.try_read_buf(&mut buf).unwrap(), 6);
         (r, peer, task)
     }
 
     #[tokio::test]
-    async fn a_wait_the_borrower_polled_is_not_resumed_for_the_task() {
-        let (mut r, _peer, _task) = lent_and_answered(true);
-        // Resumed, the doorbell would wake the borrower's waker, not the task.
-        assert!(!r.resume_wait());
-    }
-
-    #[tokio::test]
     async fn a_wait_resumed_after_a_lend_wakes_the_task_it_was_for() {
-        let (mut r, peer, task) = lent_and_answered(false);
+        let (mut r, peer, task) = lent_and_answered();
         assert!(r.resume_wait());
         // What comes next rings the doorbell, which wakes the task.
         peer.try_write_vectored(&[IoSlice::new(b"next")]).unwrap();
