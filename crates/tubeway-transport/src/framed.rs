@@ -120,10 +120,6 @@ pub struct FrameReader {
     in_a_row: u32,
     /// The last poll was pending, waiting to be woken through the stream.
     asleep: bool,
-    /// The stream itself was polled since the last [lend](Self::lend):
-    /// whoever polled it may have left its waker registered there, even if
-    /// the poll then found bytes and completed.
-    polled_stream: bool,
 }
 
 /// How a reader was when [lent](FrameReader::lend).
@@ -151,7 +147,6 @@ impl FrameReader {
             seat: None,
             in_a_row: 0,
             asleep: false,
-            polled_stream: false,
         }
     }
 
@@ -197,7 +192,6 @@ impl FrameReader {
     /// anew by the strategy, at once. What it returns tells
     /// [`take_back`](Self::take_back) how to put the reader back as it was.
     pub fn lend(&mut self) -> Lent {
-        self.polled_stream = false;
         let lent = Lent {
             asleep: std::mem::take(&mut self.asleep),
             withdrew: self.reader.withdraw_wait(),
@@ -214,14 +208,12 @@ impl FrameReader {
     /// asleep sleeps again, waiting to be woken through the stream as
     /// before, with the waker it had. False when it cannot, and must be
     /// polled: bytes of a next frame were read with the borrower's, or came
-    /// meanwhile, or the peer hung up, or the borrower's poll waited on the
-    /// stream itself (its spin ran out, or it does not spin). A stream's
-    /// poll may register the poller's waker and still complete: tokio looks
-    /// at a socket's readiness once more after registering, a
-    /// shared-memory reader at its ring after announcing its sleep. The
+    /// meanwhile, or the peer hung up, or the borrower's poll registered its
+    /// own waker with the stream on its way to what it got (its spin ran
+    /// out, and it waited: see [`ReadHalf::waited_since_withdraw`]); the
     /// stream would then wake the borrower, not the owner. A wake-up of
-    /// that waker while the
-    /// reader was lent (a socket's reactor saw the borrower's bytes come)
+    /// the owner's waker while the reader was lent (a socket's reactor saw
+    /// the borrower's bytes come)
     /// stands: its owner polls it as after any, which registers it again.
     /// Shared memory wakes nobody for what the borrower reads. An
     /// on-demand socket sleeps unwatched: see [`watched`](Self::watched).
@@ -233,7 +225,7 @@ impl FrameReader {
             // Its owner polls it again anyway.
             return true;
         }
-        if self.polled_stream {
+        if self.reader.waited_since_withdraw() {
             return false;
         }
         self.spin = Spin {
@@ -389,7 +381,6 @@ impl FrameReader {
                     return Poll::Ready(r);
                 }
             }
-            self.polled_stream = true;
             let read = match &mut self.recycling {
                 Some(r) => self.reader.poll_read_into(cx, r.rest()),
                 None => self.reader.poll_read_buf(cx, &mut self.buf),
@@ -1907,6 +1898,57 @@ mod tests {
             assert!(polled.is_pending(), "{url}");
             l.send("after").await;
             l.woken_next(&url, "after").await;
+        }
+    }
+
+    /// A borrower that finds its answer without waiting (it was there at
+    /// its first look) registers nothing: the reader is taken back asleep,
+    /// for its owner, whom the next frame wakes. On shared memory, where
+    /// the answer is in the ring once written; a socket's reader counts a
+    /// look the reactor has not caught up with as a wait (see
+    /// `ReadHalf::waited_since_withdraw`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lent_reader_whose_borrower_did_not_wait_sleeps_for_its_owner() {
+        let url = shm_url("lend-found");
+        let (server, client) = pair(&url).await;
+        let mut r = FrameReader::new(server.reader, 1 << 20);
+        let wakes = std::sync::Arc::new(Wakes::default());
+        let task = std::task::Waker::from(wakes.clone());
+        let poll = |r: &mut FrameReader, waker: &std::task::Waker| {
+            std::future::Future::poll(std::pin::pin!(r.next()), &mut Context::from_waker(waker))
+        };
+        let write = |text: &str| {
+            let frame = codec::encode(&Message::plain_text(text), 1 << 20).unwrap();
+            let bytes = [&frame.head[..], &frame.payload[..]].concat();
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            let written = client
+                .writer
+                .poll_write_vectored_some(&mut cx, &[IoSlice::new(&bytes)]);
+            assert!(matches!(written, Poll::Ready(Ok(n)) if n == bytes.len()));
+        };
+        assert!(poll(&mut r, &task).is_pending());
+        let lent = r.lend();
+        write("answer");
+        match poll(&mut r, std::task::Waker::noop()) {
+            Poll::Ready(Ok(Some(Decoded::Message(m)))) => {
+                assert_eq!(m.text_payload().unwrap(), "answer");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(r.take_back(lent));
+        let before = wakes.0.load(std::sync::atomic::Ordering::SeqCst);
+        write("after");
+        within(async {
+            while wakes.0.load(std::sync::atomic::Ordering::SeqCst) == before {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+        match poll(&mut r, &task) {
+            Poll::Ready(Ok(Some(Decoded::Message(m)))) => {
+                assert_eq!(m.text_payload().unwrap(), "after");
+            }
+            other => panic!("{other:?}"),
         }
     }
 

@@ -22,7 +22,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::runtime::Handle;
 
-fn would_block<T>(r: &io::Result<T>) -> bool {
+pub(crate) fn would_block<T>(r: &io::Result<T>) -> bool {
     matches!(r, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
 }
 

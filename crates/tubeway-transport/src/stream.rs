@@ -25,7 +25,7 @@ use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
-use crate::on_demand::{OnDemandRead, OnDemandWrite};
+use crate::on_demand::{would_block, OnDemandRead, OnDemandWrite};
 use crate::shm::{ShmReader, ShmWriter};
 
 /// Bytes a spinning reader takes per system call.
@@ -51,6 +51,24 @@ impl SocketRead {
         match self {
             SocketRead::Tcp(s) => s.as_ref().as_fd(),
             SocketRead::Unix(s) => s.as_ref().as_fd(),
+        }
+    }
+
+    /// Reads into `buf`'s spare capacity what the reactor says is there,
+    /// registering nothing: `WouldBlock`, without a system call, when it
+    /// says nothing is; a miss clears the readiness it saw.
+    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        match self {
+            SocketRead::Tcp(s) => s.try_read_buf(buf),
+            SocketRead::Unix(s) => s.try_read_buf(buf),
+        }
+    }
+
+    /// [`try_read_buf`](Self::try_read_buf) into `buf`.
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            SocketRead::Tcp(s) => s.try_read(buf),
+            SocketRead::Unix(s) => s.try_read(buf),
         }
     }
 }
@@ -251,6 +269,10 @@ pub struct ReadHalf {
     /// The socket's receive timeout as last set (`None`: none), for
     /// [`wait_readable`](ReadHalf::wait_readable).
     recv_timeout: Option<Duration>,
+    /// A poll since [`withdraw_wait`](Self::withdraw_wait) registered its
+    /// waker to be woken through the stream, or may have (see
+    /// [`waited_since_withdraw`](Self::waited_since_withdraw)).
+    waited: bool,
 }
 
 impl ReadHalf {
@@ -259,6 +281,7 @@ impl ReadHalf {
             inner,
             scratch: Vec::new(),
             recv_timeout: None,
+            waited: false,
         }
     }
 
@@ -268,8 +291,7 @@ impl ReadHalf {
     /// between reads.
     pub fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
         match &mut self.inner {
-            ReadInner::Socket(SocketRead::Tcp(s)) => s.try_read_buf(buf),
-            ReadInner::Socket(SocketRead::Unix(s)) => s.try_read_buf(buf),
+            ReadInner::Socket(s) => s.try_read_buf(buf),
             ReadInner::OnDemand(s) => recv_now_buf(s.fd(), &mut self.scratch, buf),
             ReadInner::Shm(r) => r.try_read_buf(buf),
         }
@@ -284,11 +306,18 @@ impl ReadHalf {
         buf: &mut BytesMut,
     ) -> Poll<io::Result<usize>> {
         match &mut self.inner {
-            ReadInner::Socket(SocketRead::Tcp(s)) => {
-                tokio_util::io::poll_read_buf(Pin::new(s), cx, buf)
-            }
-            ReadInner::Socket(SocketRead::Unix(s)) => {
-                tokio_util::io::poll_read_buf(Pin::new(s), cx, buf)
+            ReadInner::Socket(socket) => {
+                // Without registering first (see `waited_since_withdraw`);
+                // a miss leaves the poll below nothing to read again.
+                let read = socket.try_read_buf(buf);
+                if !would_block(&read) {
+                    return Poll::Ready(read);
+                }
+                self.waited = true;
+                match socket {
+                    SocketRead::Tcp(s) => tokio_util::io::poll_read_buf(Pin::new(s), cx, buf),
+                    SocketRead::Unix(s) => tokio_util::io::poll_read_buf(Pin::new(s), cx, buf),
+                }
             }
             ReadInner::OnDemand(s) => {
                 let scratch = &mut self.scratch;
@@ -297,6 +326,7 @@ impl ReadHalf {
             ReadInner::Shm(r) => loop {
                 match r.try_read_buf(buf) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        self.waited = true;
                         ready!(r.poll_read_ready(cx))?;
                     }
                     other => return Poll::Ready(other),
@@ -321,12 +351,19 @@ impl ReadHalf {
                 let len = buf.len();
                 match r.try_read_into(&mut &mut *buf, len) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        self.waited = true;
                         ready!(r.poll_read_ready(cx))?;
                     }
                     other => return Poll::Ready(other),
                 }
             },
         };
+        // As in `poll_read_buf`.
+        let read = socket.try_read(buf);
+        if !would_block(&read) {
+            return Poll::Ready(read);
+        }
+        self.waited = true;
         let mut into = ReadBuf::new(buf);
         ready!(match socket {
             SocketRead::Tcp(s) => Pin::new(s).poll_read(cx, &mut into),
@@ -344,6 +381,7 @@ impl ReadHalf {
     /// Another socket's wait stays registered with the reactor, which costs
     /// the peer nothing.
     pub fn withdraw_wait(&mut self) -> bool {
+        self.waited = false;
         match &mut self.inner {
             ReadInner::Shm(r) => r.withdraw_wait(),
             ReadInner::OnDemand(s) => {
@@ -367,6 +405,21 @@ impl ReadHalf {
         match &self.inner {
             ReadInner::OnDemand(s) => s.watched(),
             ReadInner::Socket(_) | ReadInner::Shm(_) => true,
+        }
+    }
+
+    /// Whether a poll since [`withdraw_wait`](Self::withdraw_wait) left its
+    /// waker registered to be woken through the stream, or may have: a
+    /// poll that registers may still complete (tokio looks at a socket's
+    /// readiness again after registering, a shared-memory reader at its
+    /// ring after announcing its sleep). Whoever was woken through the
+    /// stream before must then poll again, to register its own waker.
+    /// Polls that read without waiting never register.
+    pub fn waited_since_withdraw(&self) -> bool {
+        match &self.inner {
+            // Withdrawing unregistered it.
+            ReadInner::OnDemand(s) => s.watched(),
+            ReadInner::Socket(_) | ReadInner::Shm(_) => self.waited,
         }
     }
 
