@@ -500,6 +500,7 @@ impl ReadHalf {
 
     /// Waits until the stream may be readable, registering `cx` to be woken.
     pub fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.waited = true;
         match &mut self.inner {
             ReadInner::Socket(SocketRead::Tcp(s)) => s.as_ref().poll_read_ready(cx),
             ReadInner::Socket(SocketRead::Unix(s)) => s.as_ref().poll_read_ready(cx),
@@ -515,6 +516,8 @@ impl AsyncRead for ReadHalf {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        // It may register (see `waited_since_withdraw`).
+        self.waited = true;
         match &mut self.inner {
             ReadInner::Socket(SocketRead::Tcp(s)) => Pin::new(s).poll_read(cx, buf),
             ReadInner::Socket(SocketRead::Unix(s)) => Pin::new(s).poll_read(cx, buf),
