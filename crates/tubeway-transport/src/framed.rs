@@ -213,10 +213,10 @@ impl FrameReader {
     /// out, and it waited: see [`ReadHalf::waited_since_withdraw`]); the
     /// stream would then wake the borrower, not the owner. A wake-up of
     /// the owner's waker while the reader was lent (a socket's reactor saw
-    /// the borrower's bytes come)
-    /// stands: its owner polls it as after any, which registers it again.
-    /// Shared memory wakes nobody for what the borrower reads. An
-    /// on-demand socket sleeps unwatched: see [`watched`](Self::watched).
+    /// the borrower's bytes come) stands: its owner polls it as after any,
+    /// which registers it again. Shared memory wakes nobody for what the
+    /// borrower reads. An on-demand socket sleeps unwatched: see
+    /// [`watched`](Self::watched).
     pub fn take_back(&mut self, lent: Lent) -> bool {
         if self.has_buffered() {
             return false;
