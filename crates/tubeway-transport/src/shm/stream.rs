@@ -464,10 +464,12 @@ mod tests {
         (r, w)
     }
 
-    /// A reader asleep on its doorbell for its task (returned), then lent to
-    /// a caller that reads its answer without waiting: the answer comes
-    /// unrung, the wait having been withdrawn.
-    fn lent_and_answered() -> (ShmReader, ShmWriter, Arc<Flag>) {
+    /// A reader asleep on its doorbell, lent to a caller that reads its
+    /// answer without waiting (the answer comes unrung, the wait having
+    /// been withdrawn), then taken back: the next record wakes the task it
+    /// slept for.
+    #[tokio::test]
+    async fn a_wait_resumed_after_a_lend_wakes_the_task_it_was_for() {
         let (mut r, peer) = reader_and_peer_writer();
         let task = Arc::new(Flag(tokio::sync::Notify::new()));
         let waker = std::task::Waker::from(task.clone());
@@ -478,14 +480,7 @@ mod tests {
         peer.try_write_vectored(&[IoSlice::new(b"answer")]).unwrap();
         let mut buf = BytesMut::with_capacity(64);
         assert_eq!(r.try_read_buf(&mut buf).unwrap(), 6);
-        (r, peer, task)
-    }
-
-    #[tokio::test]
-    async fn a_wait_resumed_after_a_lend_wakes_the_task_it_was_for() {
-        let (mut r, peer, task) = lent_and_answered();
         assert!(r.resume_wait());
-        // What comes next rings the doorbell, which wakes the task.
         peer.try_write_vectored(&[IoSlice::new(b"next")]).unwrap();
         let woken = tokio::time::timeout(Duration::from_secs(5), task.0.notified()).await;
         assert!(woken.is_ok(), "the task was not woken");
