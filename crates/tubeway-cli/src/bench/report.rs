@@ -105,6 +105,46 @@ pub struct Figure {
     pub note: Option<String>,
 }
 
+/// A limit beside a figure whose runs differ by more than this factor was
+/// measured in more than one of the machine's modes (docs/performance.md,
+/// "Method"): a ratio to its median says little. On this kind of machine a
+/// bare socket ping-pong measured 6 µs in one run and 74 µs in the next.
+pub const UNSTEADY_LIMIT: f64 = 3.0;
+
+impl Figure {
+    /// Notes each limit beside this figure whose runs differ by more than
+    /// [`UNSTEADY_LIMIT`], after any note it has.
+    pub fn note_unsteady_limits(&mut self) {
+        let unsteady: Vec<String> = self
+            .baselines
+            .iter()
+            .filter_map(|b| {
+                let v = b.value.as_ref()?;
+                (v.min > 0.0 && v.max / v.min > UNSTEADY_LIMIT).then(|| {
+                    format!(
+                        "{} {}-{} {}",
+                        b.name,
+                        super::table::num(v.min),
+                        super::table::num(v.max),
+                        b.unit
+                    )
+                })
+            })
+            .collect();
+        if unsteady.is_empty() {
+            return;
+        }
+        let text = format!(
+            "the machine changed modes during the runs of a limit, whose ratio says little: {}",
+            unsteady.join("; ")
+        );
+        self.note = Some(match self.note.take() {
+            Some(note) => format!("{note}; {text}"),
+            None => text,
+        });
+    }
+}
+
 /// A figure over several runs.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Stat {
@@ -286,6 +326,34 @@ mod tests {
             Baseline::measured("bare", "msg/s", Stat::of(vec![0.0]), Some(1.0)).ratio,
             None
         );
+    }
+
+    #[test]
+    fn limits_measured_in_two_modes_are_noted() {
+        let with = |runs: Vec<f64>, note: Option<&str>| {
+            let mut f = Figure {
+                baselines: vec![
+                    Baseline::measured("steady", "us", Stat::of(vec![50.0, 60.0]), Some(55.0)),
+                    Baseline::measured("bare ping-pong", "us", Stat::of(runs), Some(55.0)),
+                ],
+                note: note.map(str::to_owned),
+                ..Figure::default()
+            };
+            f.note_unsteady_limits();
+            f.note
+        };
+        // 3x apart at most: one mode.
+        assert_eq!(with(vec![20.0, 60.0, 59.0], None), None);
+        let note = with(vec![6.0, 74.0, 69.0], None).unwrap_or_default();
+        assert!(note.contains("bare ping-pong 6.00-74.0 us"), "{note}");
+        assert!(!note.contains("steady"), "{note}");
+        let note = with(vec![6.0, 74.0], Some("earlier")).unwrap_or_default();
+        assert!(
+            note.starts_with("earlier; the machine changed modes"),
+            "{note}"
+        );
+        // A limit of 0 (not measured in a run) is no mode.
+        assert_eq!(with(vec![0.0, 74.0], None), None);
     }
 
     #[test]

@@ -236,6 +236,7 @@ async fn transport_sections(
             figures.push(bench.rate(mode).await?);
             bench.progress.done_one();
         }
+        figures.iter_mut().for_each(Figure::note_unsteady_limits);
         let runs_on = if mode.needs_broker() { &broker } else { &peer };
         sections.push(Section {
             transport,

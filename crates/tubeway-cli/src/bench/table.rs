@@ -298,14 +298,15 @@ fn latencies(figs: &[&Figure]) -> String {
             row.push(thousands(l.count as f64));
             row.extend(baseline_cells(f, &names));
             row.push(client(f));
-            let note = f.latency.as_ref().and_then(|l| {
+            let rate = f.latency.as_ref().and_then(|l| {
                 Some(format!(
                     "achieved {} msg/s; sender at most {} µs behind schedule",
                     num(l.achieved_rate?),
                     num(l.sender_lag_us?)
                 ))
             });
-            row.push(note.unwrap_or_default());
+            let notes: Vec<String> = rate.into_iter().chain(f.note.clone()).collect();
+            row.push(notes.join("; "));
             row
         })
         .collect::<Vec<_>>();
