@@ -1191,6 +1191,7 @@ fn poll_write_some(
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
+    use crate::test_wakes::Wakes;
     use crate::{connect, Listener, Url};
     use tokio::io::AsyncWriteExt;
     use tubeway_proto::{codec, Message};
@@ -1742,16 +1743,6 @@ mod tests {
         assert!(!r.wait_readable(None).unwrap());
     }
 
-    /// Counts its wake-ups.
-    #[derive(Default)]
-    struct Wakes(std::sync::atomic::AtomicUsize);
-
-    impl std::task::Wake for Wakes {
-        fn wake(self: std::sync::Arc<Self>) {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-    }
-
     /// A busy-spinning reader of `server`, what sends it a text from
     /// `client`, and a task's waker that counts its wake-ups.
     struct Lending {
@@ -1767,8 +1758,7 @@ mod tests {
             tokio::spawn(flusher);
             let mut r = FrameReader::new(server.reader, 1 << 20);
             r.set_wait_strategy(WaitStrategy::BusySpin);
-            let wakes = std::sync::Arc::new(Wakes::default());
-            let task = std::task::Waker::from(wakes.clone());
+            let (wakes, task) = Wakes::new();
             Lending {
                 writer,
                 r,
@@ -1815,18 +1805,10 @@ mod tests {
         /// reactor made for a borrower's frame, counts too). It must be `text`.
         async fn woken_next(&mut self, url: &str, text: &str) {
             let mut seen = 0;
-            let deadline = Instant::now() + std::time::Duration::from_secs(5);
             loop {
-                let now = self.wakes.0.load(std::sync::atomic::Ordering::SeqCst);
-                if now == seen {
-                    assert!(
-                        Instant::now() < deadline,
-                        "{url}: the sleeping task was not woken"
-                    );
-                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-                    continue;
-                }
-                seen = now;
+                let woken = self.wakes.woken_since(seen).await;
+                assert!(woken, "{url}: the sleeping task was not woken");
+                seen = self.wakes.count();
                 let polled = std::future::Future::poll(
                     std::pin::pin!(self.r.next()),
                     &mut Context::from_waker(&self.task),
@@ -1912,8 +1894,7 @@ mod tests {
         let url = shm_url("lend-found");
         let (server, client) = pair(&url).await;
         let mut r = FrameReader::new(server.reader, 1 << 20);
-        let wakes = std::sync::Arc::new(Wakes::default());
-        let task = std::task::Waker::from(wakes.clone());
+        let (wakes, task) = Wakes::new();
         let poll = |r: &mut FrameReader, waker: &std::task::Waker| {
             std::future::Future::poll(std::pin::pin!(r.next()), &mut Context::from_waker(waker))
         };
@@ -1936,14 +1917,9 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(r.take_back(lent));
-        let before = wakes.0.load(std::sync::atomic::Ordering::SeqCst);
+        let before = wakes.count();
         write("after");
-        within(async {
-            while wakes.0.load(std::sync::atomic::Ordering::SeqCst) == before {
-                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-            }
-        })
-        .await;
+        assert!(wakes.woken_since(before).await, "the owner was not woken");
         match poll(&mut r, &task) {
             Poll::Ready(Ok(Some(Decoded::Message(m)))) => {
                 assert_eq!(m.text_payload().unwrap(), "after");
@@ -2019,16 +1995,12 @@ mod tests {
             })
             .await;
             assert_eq!(got.text_payload().unwrap(), "meanwhile", "{url}");
-            let before = l.wakes.0.load(std::sync::atomic::Ordering::SeqCst);
+            let before = l.wakes.count();
             assert!(poll(&mut l.r, &l.task).is_pending(), "{url}");
             assert!(l.r.watched(), "{url}: asleep, registered again");
             l.send("after").await;
-            within(async {
-                while l.wakes.0.load(std::sync::atomic::Ordering::SeqCst) == before {
-                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-                }
-            })
-            .await;
+            let woken = l.wakes.woken_since(before).await;
+            assert!(woken, "{url}: the sleeping task was not woken");
             match poll(&mut l.r, &l.task) {
                 Poll::Ready(Ok(Some(Decoded::Message(m)))) => {
                     assert_eq!(m.text_payload().unwrap(), "after", "{url}")

@@ -18,6 +18,8 @@ mod on_demand;
 mod pool;
 mod shm;
 mod stream;
+#[cfg(test)]
+mod test_wakes;
 mod url;
 mod wait;
 

@@ -362,6 +362,7 @@ impl ShmWriter {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::test_wakes::Wakes;
     use std::time::Instant;
     use tubeway_ring::RingConfig;
 
@@ -414,22 +415,12 @@ mod tests {
         assert!(!found && took >= spin, "spun again: {found} after {took:?}");
     }
 
-    /// A waker that says when it is woken: a task's, in tests.
-    struct Flag(tokio::sync::Notify);
-
-    impl std::task::Wake for Flag {
-        fn wake(self: Arc<Self>) {
-            self.0.notify_one();
-        }
-    }
-
     #[tokio::test]
     async fn a_writer_out_of_room_is_rung_once_a_fragment_fits_and_no_later() {
         let (mut r, w) = reader_and_peer_writer();
         w.set_wait_strategy(&WaitStrategy::PARK);
         while w.try_write_vectored(&[IoSlice::new(&[7u8; 1000])]).is_ok() {}
-        let task = Arc::new(Flag(tokio::sync::Notify::new()));
-        let waker = std::task::Waker::from(task.clone());
+        let (task, waker) = Wakes::new();
         assert!(w
             .poll_write_ready(&mut Context::from_waker(&waker))
             .is_pending());
@@ -448,8 +439,7 @@ mod tests {
             (need..need + 1008 + 16).contains(&freed),
             "rung with {freed} bytes free for {need}"
         );
-        let woken = tokio::time::timeout(Duration::from_secs(5), task.0.notified()).await;
-        assert!(woken.is_ok(), "the writer's task was not woken");
+        assert!(task.woken_since(0).await, "the writer's task was not woken");
         assert!(w
             .poll_write_ready(&mut Context::from_waker(&waker))
             .is_ready());
@@ -471,8 +461,7 @@ mod tests {
     #[tokio::test]
     async fn a_wait_resumed_after_a_lend_wakes_the_task_it_was_for() {
         let (mut r, peer) = reader_and_peer_writer();
-        let task = Arc::new(Flag(tokio::sync::Notify::new()));
-        let waker = std::task::Waker::from(task.clone());
+        let (task, waker) = Wakes::new();
         assert!(r
             .poll_read_ready(&mut Context::from_waker(&waker))
             .is_pending());
@@ -481,8 +470,8 @@ mod tests {
         let mut buf = BytesMut::with_capacity(64);
         assert_eq!(r.try_read_buf(&mut buf).unwrap(), 6);
         assert!(r.resume_wait());
+        assert_eq!(task.count(), 0, "woken for what the borrower read");
         peer.try_write_vectored(&[IoSlice::new(b"next")]).unwrap();
-        let woken = tokio::time::timeout(Duration::from_secs(5), task.0.notified()).await;
-        assert!(woken.is_ok(), "the task was not woken");
+        assert!(task.woken_since(0).await, "the task was not woken");
     }
 }
