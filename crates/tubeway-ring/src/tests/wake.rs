@@ -160,11 +160,15 @@ fn a_writer_of_fragments_is_woken_once_its_fragment_fits_and_no_later() {
             (need..need + 1008 + 16).contains(&freed),
             "woken with {freed} bytes free for {need}"
         );
+        // The rest of the filler (7s), then the message (3s), whole.
         let mut got = 0;
         while got < message.len() {
             match rx.try_read().unwrap() {
-                Some(record) if record.len() == 1000 => {}
-                Some(record) => got += record.len(),
+                Some(record) if record.first() == Some(&7) => {}
+                Some(record) => {
+                    assert!(record.iter().all(|b| *b == 3));
+                    got += record.len();
+                }
                 None => assert!(Instant::now() < deadline, "the message stopped at {got}"),
             }
         }
