@@ -413,6 +413,43 @@ fn the_method_names_the_runtime_of_the_async_client() {
 }
 
 #[test]
+fn split_cpus_put_the_bench_and_its_children_on_two_cpus() {
+    let mut cmd = tubeway();
+    cmd.args(["bench", "--json", "--transport", "unix", "--split-cpus"])
+        .args(["--figures", "round-trip"])
+        .args(TINY);
+    if std::thread::available_parallelism().map_or(1, usize::from) < 2 {
+        let out = run(&mut cmd);
+        let stderr = out.fails_with(2);
+        assert!(stderr.contains("--split-cpus needs two CPUs"), "{stderr}");
+        return;
+    }
+    let report = report_of(&mut cmd);
+    let method = &report["method"];
+    assert_eq!(method["split_cpus"], true, "{method}");
+    assert_eq!(method["one_cpu"], false, "{method}");
+    let summary = method["summary"].as_str().expect("a summary");
+    assert!(summary.contains("the bench pinned to CPU 0"), "{summary}");
+    // The bench itself is on CPU 0 (nproc counts its mask), the broker it
+    // started on CPU 1.
+    assert_eq!(report["machine"]["nproc"], 1, "{}", report["machine"]);
+    let unix = section(&report, "unix", Some("call"));
+    let broker = unix["broker"].as_str().expect("where the broker runs");
+    assert!(broker.ends_with(", on CPU 1"), "{broker}");
+    let rtt = figures(unix, "round-trip");
+    let f = rtt[0];
+    check_latency(&f["latency"]["median"]);
+    assert!(
+        num(&baseline(f, "bare socket ping-pong")["ratio"]) > 0.0,
+        "{f}"
+    );
+    // Not both.
+    let out = run(tubeway().args(["bench", "--split-cpus", "--one-cpu"]));
+    let stderr = out.fails_with(2);
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+}
+
+#[test]
 fn the_table_is_for_people() {
     let mut cmd = tubeway();
     cmd.args([

@@ -222,6 +222,14 @@ pub struct BenchArgs {
     #[arg(long)]
     pub one_cpu: bool,
 
+    /// Run the bench on CPU 0 and every child process (broker, peers) on
+    /// CPU 1, under `taskset`: each figure and its bare limits cross between
+    /// the same two CPUs, as a client and a broker on separate cores do,
+    /// instead of wherever the scheduler puts them (which may be one CPU for a
+    /// bare ping-pong and two for a call). Needs two CPUs.
+    #[arg(long, conflicts_with = "one_cpu")]
+    pub split_cpus: bool,
+
     /// The client of the figures with one operation in flight on one
     /// connection (the size sweep, the round trip, the first figure of each
     /// sweep). Pipelined figures always use the AsyncClient.

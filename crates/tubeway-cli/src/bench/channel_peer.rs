@@ -140,8 +140,8 @@ impl ChannelPeer {
     pub fn description(&self) -> String {
         match &self.kind {
             Kind::Child(c) => format!(
-                "echoes every message; child process `tubeway bench-peer --channel`, pid {}",
-                c.pid()
+                "echoes every message; {}",
+                c.describe("tubeway bench-peer --channel")
             ),
             Kind::Thread { .. } => "echoes every message; a thread of the bench process".to_owned(),
         }

@@ -12,6 +12,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::placement::{cpus_of, Placement};
+
 /// How long a child may take to say where it listens.
 pub const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a child may take to exit once asked.
@@ -71,7 +73,7 @@ impl ChildProc {
             what: "bench child".into(),
             source,
         })?;
-        let mut cmd = Command::new(exe);
+        let mut cmd = Placement::current().child_command(&exe);
         cmd.args(args).env_remove("TUBEWAY_URL");
         Ok(cmd)
     }
@@ -152,6 +154,16 @@ impl ChildProc {
     /// Its process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// `child process `NAME`, pid N`, and its CPUs when the bench is
+    /// pinned, for the report.
+    pub fn describe(&self, name: &str) -> String {
+        let pid = self.pid();
+        match cpus_of(pid) {
+            Some(cpus) => format!("child process `{name}`, pid {pid}, on {cpus}"),
+            None => format!("child process `{name}`, pid {pid}"),
+        }
     }
 
     /// An error if it has exited.

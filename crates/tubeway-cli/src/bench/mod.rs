@@ -11,7 +11,8 @@
 //! [`memory`] and [`idle`] (resident memory), [`figures`] and [`suite`]
 //! (what is measured in which order), [`report`], [`table`], [`plot`]
 //! (output), [`machine`] and [`cpu`] (the machine and how busy it was),
-//! [`progress`] and [`child`] (child processes).
+//! [`progress`], [`child`] (child processes) and [`placement`] (which CPUs
+//! they run on).
 
 mod args;
 mod bare;
@@ -27,6 +28,7 @@ mod machine;
 mod memory;
 mod modes;
 pub mod peer;
+mod placement;
 mod plot;
 mod progress;
 mod rate;
@@ -52,17 +54,16 @@ use crate::output::Printer;
 use args::Settings;
 use cpu::CpuTimes;
 use machine::{load_average, Machine};
+use placement::Placement;
 use progress::Progress;
 use report::{Method, Report};
-
-/// Set in the environment of a bench re-executed on one CPU.
-const PINNED: &str = "TUBEWAY_BENCH_PINNED";
 
 /// Runs the benchmark and prints the report.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let settings = Settings::resolve(&args)?;
-    if args.one_cpu && std::env::var_os(PINNED).is_none() {
-        return pin_to_one_cpu().await;
+    let asked = Placement::asked(args.one_cpu, args.split_cpus);
+    if asked != Placement::Free && Placement::current() == Placement::Free {
+        return asked.run_again().await;
     }
     if let Some(plot) = &args.plot {
         let parent = plot.parent().filter(|p| !p.as_os_str().is_empty());
@@ -109,26 +110,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs this same command again under `taskset -c 0` (its children inherit
-/// the CPU mask) and exits with its status.
-async fn pin_to_one_cpu() -> anyhow::Result<()> {
-    let exe = std::env::current_exe()?;
-    let status = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("taskset")
-            .args(["-c", "0"])
-            .arg(exe)
-            .args(std::env::args_os().skip(1))
-            .env(PINNED, "1")
-            .status()
-    })
-    .await?
-    .map_err(|e| UsageError(format!("--one-cpu needs taskset (util-linux): {e}")))?;
-    match status.code() {
-        Some(0) => Ok(()),
-        code => std::process::exit(code.unwrap_or(1)),
-    }
-}
-
 /// The command line as typed, program name as `tubeway`.
 fn command_line() -> String {
     let mut words = vec!["tubeway".to_owned()];
@@ -154,6 +135,7 @@ fn runtime_workers() -> usize {
 fn method(s: &Settings) -> Method {
     let show = |d: Duration| humantime::format_duration(d).to_string();
     let workers = runtime_workers();
+    let placement = Placement::current();
     Method {
         warmup_ms: ms(s.warmup),
         duration_ms: ms(s.duration),
@@ -161,25 +143,22 @@ fn method(s: &Settings) -> Method {
         latency_duration_ms: ms(s.latency_duration),
         rate: s.rate,
         quick: s.quick,
-        one_cpu: std::env::var_os(PINNED).is_some(),
+        one_cpu: placement == Placement::OneCpu,
+        split_cpus: placement == Placement::Split,
         runtime_workers: workers,
         summary: format!(
             "each figure warmed up for {}, then measured in {} run{} of {}, its bare limits \
              measured in the same runs, interleaved, and the points of a sweep in turn; figures \
              are medians (min-max across runs); ratio = median over the runs of figure / bare \
              limit (or the sweep's first point) of the same run; the fixed-rate latency is one \
-             run of {} after a warm-up at that rate{}; AsyncClient tasks on a runtime of {} \
+             run of {} after a warm-up at that rate; {}; AsyncClient tasks on a runtime of {} \
              worker{}",
             show(s.warmup),
             s.runs,
             if s.runs == 1 { "" } else { "s" },
             show(s.duration),
             show(s.latency_duration),
-            if std::env::var_os(PINNED).is_some() {
-                "; everything pinned to CPU 0 (--one-cpu)"
-            } else {
-                "; threads placed by the scheduler on every CPU"
-            },
+            placement.describe(),
             workers,
             if workers == 1 { "" } else { "s" },
         ),

@@ -43,6 +43,9 @@ pub struct Method {
     pub quick: bool,
     /// Whether everything ran on one CPU (`--one-cpu`).
     pub one_cpu: bool,
+    /// Whether the bench ran on CPU 0 and its child processes on CPU 1
+    /// (`--split-cpus`).
+    pub split_cpus: bool,
     /// Worker threads of the runtime that runs the `AsyncClient` tasks
     /// (`TOKIO_WORKER_THREADS`, else one per CPU): on a small machine the
     /// async figures over shm depend on it (docs/performance.md).

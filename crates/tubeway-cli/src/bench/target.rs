@@ -95,7 +95,7 @@ impl Target {
             let what = format!("broker process (`tubeway server --listen {listen}`)");
             let proc = tokio::task::spawn_blocking(move || ChildProc::start(cmd, &what)).await??;
             let url = proc.url().to_owned();
-            let description = format!("child process `tubeway server`, pid {}", proc.pid());
+            let description = proc.describe("tubeway server");
             (Kind::Child(proc), url, description)
         };
         // One handshake, so a broker that cannot be reached fails here.
