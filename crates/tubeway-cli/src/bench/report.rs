@@ -7,6 +7,7 @@ use super::args::Group;
 use super::latency::{CurvePoint, Latency};
 use super::machine::Machine;
 use super::modes::ClientKind;
+use super::placement::Placement;
 use super::transport::Transport;
 
 /// The whole run.
@@ -111,7 +112,8 @@ pub struct Figure {
 /// A limit beside a figure whose runs differ by more than this factor was
 /// measured in more than one of the machine's modes (docs/performance.md,
 /// "Method"): a ratio to its median says little. On this kind of machine a
-/// bare socket ping-pong measured 6 µs in one run and 74 µs in the next.
+/// bare socket ping-pong measured 6 µs in one run and 74 µs in the next,
+/// its two ends left on one CPU in the first and on two in the second.
 pub const UNSTEADY_LIMIT: f64 = 3.0;
 
 impl Figure {
@@ -137,10 +139,14 @@ impl Figure {
         if unsteady.is_empty() {
             return;
         }
-        let text = format!(
+        let mut text = format!(
             "the machine changed modes during the runs of a limit, whose ratio says little: {}",
             unsteady.join("; ")
         );
+        if Placement::current() == Placement::Free {
+            // The likeliest mode of all: where the scheduler put the ends.
+            text.push_str(" (--split-cpus or --one-cpu fix where the two ends run)");
+        }
         self.note = Some(match self.note.take() {
             Some(note) => format!("{note}; {text}"),
             None => text,
@@ -349,6 +355,7 @@ mod tests {
         assert_eq!(with(vec![20.0, 60.0, 59.0], None), None);
         let note = with(vec![6.0, 74.0, 69.0], None).unwrap_or_default();
         assert!(note.contains("bare ping-pong 6.00-74.0 us"), "{note}");
+        assert!(note.ends_with("fix where the two ends run)"), "{note}");
         assert!(!note.contains("steady"), "{note}");
         let note = with(vec![6.0, 74.0], Some("earlier")).unwrap_or_default();
         assert!(
