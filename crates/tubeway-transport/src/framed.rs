@@ -43,15 +43,26 @@ const SPIN_SLICE: std::time::Duration = std::time::Duration::from_micros(50);
 /// The least a reader of shared memory that spins at all spins for the
 /// rest of a frame it has begun to read. Its sender is writing that rest
 /// now, so the wait lasts as long as copying a ring's worth (1 MiB takes
-/// about 0.1 ms at 10 GB/s), and ends on the first bytes. (On a socket the
-/// rest comes as fast as the network brings it, which may be slowly: a
-/// socket reader keeps its budget.) A reader that parked there
-/// instead would wait for a wake-up (5-50 µs on this kind of machine)
-/// between every two fragments of a large message: over shared memory
-/// with the default 50 µs budget, 200 MB messages went at 6.5-7.5 GB/s
-/// against 8.5-10 GB/s for readers that spun 0.5 ms (docs/performance.md,
-/// "Large messages over shm: spinning for the rest of a frame").
+/// about 0.1 ms at 10 GB/s), and ends on the first bytes. A reader that
+/// parked there instead would wait for a wake-up (5-50 µs on this kind of
+/// machine) between every two fragments of a large message: over shared
+/// memory with the default 50 µs budget, 200 MB messages went at 6.5-7.5
+/// GB/s against 8.5-10 GB/s for readers that spun 0.5 ms
+/// (docs/performance.md, "Large messages over shm: spinning for the rest
+/// of a frame").
 const MID_FRAME_SPIN: Duration = Duration::from_millis(1);
+
+/// The least a socket reader whose peer is on this machine spins for the
+/// rest of a frame it has begun to read, whatever its strategy (`park`
+/// too): about a wake-up's cost, so a wait that outlasts it costs at most
+/// twice what sleeping at once would. The sender is copying that rest
+/// now; a reader asleep makes it wake the reader (across CPUs here, tens
+/// of microseconds) each time the socket runs dry: 200 MB messages over
+/// loopback TCP went at 2.7 GB/s to a `tubeway server` that slept, 3.8-3.9
+/// GB/s to one that polled (docs/performance.md, "Large messages over
+/// TCP"). A peer across a network sends at the network's pace, for which
+/// a reader keeps its strategy.
+const LOCAL_MID_FRAME_SPIN: Duration = Duration::from_micros(50);
 
 /// Why reading frames stopped.
 #[derive(Debug, thiserror::Error)]
@@ -375,7 +386,7 @@ impl FrameReader {
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         self.woke_itself = false;
         self.asleep = false;
-        if !self.wait.spins() || self.spin.parked {
+        if self.spin.parked || !(self.wait.spins() || self.spins_for_rest()) {
             if std::mem::take(&mut self.spin.readable) {
                 if let Poll::Ready(r) = self.try_fill_now() {
                     return Poll::Ready(r);
@@ -403,9 +414,10 @@ impl FrameReader {
         if in_turn {
             return self.poll_fill_in_turn(cx);
         }
-        if !self.spin.yielded {
+        if !self.spin.yielded && self.wait.spins() {
             // Tasks woken by the last frame (on this thread) run before this
-            // reader spins.
+            // reader spins. (A reader that spins only for the rest of a
+            // frame has delivered none since.)
             self.spin.yielded = true;
             return self.yield_now(cx);
         }
@@ -485,19 +497,37 @@ impl FrameReader {
         self.yield_now(cx)
     }
 
-    /// How long this wait spins before it parks (`None`: for ever). A
-    /// reader of shared memory in the middle of a frame spins at least
-    /// [`MID_FRAME_SPIN`], skipping the rest of one too large too.
+    /// Whether a reader whose strategy does not spin spins anyway: for the
+    /// rest of a frame from a peer on this machine (see [`budget`](Self::budget)).
+    fn spins_for_rest(&self) -> bool {
+        !self.reader.reads_memory() && self.reader.peer_is_local() && self.mid_frame()
+    }
+
+    /// Whether part of a frame has been read (or skipped), and not its rest.
+    fn mid_frame(&self) -> bool {
+        self.recycling.is_some() || !self.decoder.is_idle(&self.buf)
+    }
+
+    /// How long this wait spins before it parks (`None`: for ever). In the
+    /// middle of a frame (skipping the rest of one too large too), a reader
+    /// of shared memory that spins at all spins at least
+    /// [`MID_FRAME_SPIN`], and a socket reader whose peer is on this
+    /// machine at least [`LOCAL_MID_FRAME_SPIN`].
     fn budget(&self) -> Option<Duration> {
         let spin = self.wait.spin()?;
-        let mid_frame = self.recycling.is_some() || !self.decoder.is_idle(&self.buf);
-        Some(
-            if mid_frame && !spin.is_zero() && self.reader.reads_memory() {
-                spin.max(MID_FRAME_SPIN)
-            } else {
+        Some(if !self.mid_frame() {
+            spin
+        } else if self.reader.reads_memory() {
+            if spin.is_zero() {
                 spin
-            },
-        )
+            } else {
+                spin.max(MID_FRAME_SPIN)
+            }
+        } else if self.reader.peer_is_local() {
+            spin.max(LOCAL_MID_FRAME_SPIN)
+        } else {
+            spin
+        })
     }
 
     /// Pending, with the task woken: the runtime gets a turn, then polls
@@ -1275,21 +1305,37 @@ mod tests {
         flusher.await.unwrap().unwrap();
     }
 
-    /// A reader of shared memory that has part of a frame spins for the
-    /// rest at least [`MID_FRAME_SPIN`], however short its budget between
-    /// frames; one that does not spin, or spins for ever, keeps its
-    /// strategy, and so does a socket reader.
+    /// A reader that has part of a frame spins for the rest longer than
+    /// between frames: over shared memory at least [`MID_FRAME_SPIN`] if
+    /// its strategy spins at all; over a socket whose peer is on this
+    /// machine at least [`LOCAL_MID_FRAME_SPIN`], with `park` too. Between
+    /// frames each keeps its strategy, and busy-spin spins for ever.
     #[tokio::test]
-    async fn a_reader_of_shared_memory_spins_longer_for_the_rest_of_a_frame() {
+    async fn a_reader_spins_longer_for_the_rest_of_a_frame() {
         let short = Duration::from_micros(20);
         assert_eq!(
             budgets_mid_frame(&shm_url("midframe"), short).await,
-            [Some(short), Some(MID_FRAME_SPIN), Some(short)]
+            [
+                Some(short),
+                Some(MID_FRAME_SPIN),
+                Some(Duration::ZERO),
+                Some(short)
+            ]
         );
-        assert_eq!(
-            budgets_mid_frame("mem://framed-midframe", short).await,
-            [Some(short); 3]
-        );
+        let p = std::env::temp_dir().join(format!("tw-mid-{}.sock", std::process::id()));
+        let unix = format!("unix://{}", p.display());
+        for url in ["tcp://127.0.0.1:0", unix.as_str(), "mem://framed-midframe"] {
+            assert_eq!(
+                budgets_mid_frame(url, short).await,
+                [
+                    Some(short),
+                    Some(LOCAL_MID_FRAME_SPIN),
+                    Some(LOCAL_MID_FRAME_SPIN),
+                    Some(short)
+                ],
+                "{url}"
+            );
+        }
     }
 
     /// Skipping the rest of a frame too large is being in the middle of one.
@@ -1321,8 +1367,9 @@ mod tests {
     }
 
     /// The budgets of a reader spinning `short` between frames: before a
-    /// frame, with part of it read, and once it is whole.
-    async fn budgets_mid_frame(url: &str, short: Duration) -> [Option<Duration>; 3] {
+    /// frame, with part of it read (and so with `park`), and once it is
+    /// whole.
+    async fn budgets_mid_frame(url: &str, short: Duration) -> [Option<Duration>; 4] {
         let (server, client) = pair(url).await;
         let mut r = FrameReader::new(server.reader, 1 << 20);
         r.set_wait_strategy(WaitStrategy::SpinPark { spin: short });
@@ -1348,7 +1395,7 @@ mod tests {
         assert!(got > 0 && got < bytes.len());
         let mid = r.budget();
         r.set_wait_strategy(WaitStrategy::PARK);
-        assert_eq!(r.budget(), Some(Duration::ZERO));
+        let mid_park = r.budget();
         r.set_wait_strategy(WaitStrategy::BusySpin);
         assert_eq!(r.budget(), None);
         r.set_wait_strategy(WaitStrategy::SpinPark { spin: short });
@@ -1358,7 +1405,7 @@ mod tests {
             Decoded::Message(m) => assert_eq!(m.payload.len(), 4000),
             other => panic!("expected the message, got {other:?}"),
         }
-        [before, mid, r.budget()]
+        [before, mid, mid_park, r.budget()]
     }
 
     #[tokio::test]
