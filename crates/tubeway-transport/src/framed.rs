@@ -386,7 +386,7 @@ impl FrameReader {
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         self.woke_itself = false;
         self.asleep = false;
-        if self.spin.parked || !(self.wait.spins() || self.spins_for_rest()) {
+        if self.spin.parked || !self.spins() {
             if std::mem::take(&mut self.spin.readable) {
                 if let Poll::Ready(r) = self.try_fill_now() {
                     return Poll::Ready(r);
@@ -497,10 +497,12 @@ impl FrameReader {
         self.yield_now(cx)
     }
 
-    /// Whether a reader whose strategy does not spin spins anyway: for the
-    /// rest of a frame from a peer on this machine (see [`budget`](Self::budget)).
-    fn spins_for_rest(&self) -> bool {
-        !self.reader.reads_memory() && self.reader.peer_is_local() && self.mid_frame()
+    /// Whether this wait spins before it sleeps: by its strategy, or, on a
+    /// socket whose peer is on this machine, for the rest of a frame (see
+    /// [`budget`](Self::budget)).
+    fn spins(&self) -> bool {
+        self.wait.spins()
+            || (!self.reader.reads_memory() && self.reader.peer_is_local() && self.mid_frame())
     }
 
     /// Whether part of a frame has been read (or skipped), and not its rest.
@@ -1374,6 +1376,9 @@ mod tests {
         let mut r = FrameReader::new(server.reader, 1 << 20);
         r.set_wait_strategy(WaitStrategy::SpinPark { spin: short });
         let before = r.budget();
+        r.set_wait_strategy(WaitStrategy::PARK);
+        assert!(!r.spins(), "{url}: between frames, park sleeps at once");
+        r.set_wait_strategy(WaitStrategy::SpinPark { spin: short });
 
         let frame = codec::encode(&Message::binary(vec![3u8; 4000], None), 1 << 20).unwrap();
         let bytes: Vec<u8> = [&frame.head[..], &frame.payload[..]].concat();
@@ -1396,6 +1401,8 @@ mod tests {
         let mid = r.budget();
         r.set_wait_strategy(WaitStrategy::PARK);
         let mid_park = r.budget();
+        // What the wait does follows the budget.
+        assert_eq!(r.spins(), mid_park != Some(Duration::ZERO), "{url}");
         r.set_wait_strategy(WaitStrategy::BusySpin);
         assert_eq!(r.budget(), None);
         r.set_wait_strategy(WaitStrategy::SpinPark { spin: short });

@@ -592,16 +592,24 @@ impl AsyncRead for ReadHalf {
 /// (docs/performance.md, "Large messages over TCP: smaller writes").
 const SEND_MAX: usize = 1 << 20;
 
-/// Slices of one capped `sendmsg`: those that fit in [`SEND_MAX`] seldom
-/// number more.
-const SEND_MAX_IOV: usize = 16;
+/// Slices of one capped `sendmsg`: as many as the frame writers pass at
+/// once, so that a backlog of small frames still goes in calls of up to
+/// [`SEND_MAX`] bytes.
+const SEND_MAX_IOV: usize = 512;
 
 /// One non-blocking `sendmsg` of `bufs`, or of their first [`SEND_MAX`]
 /// bytes, without SIGPIPE.
 fn send_now(fd: std::os::fd::BorrowedFd<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-    let mut control = SendAncillaryBuffer::default();
+    if bufs.iter().map(|b| b.len()).sum::<usize>() <= SEND_MAX {
+        return send_all_now(fd, bufs);
+    }
     let mut capped = [IoSlice::new(&[]); SEND_MAX_IOV];
-    let bufs = cap_send(bufs, &mut capped);
+    send_all_now(fd, cap_send(bufs, &mut capped))
+}
+
+/// One non-blocking `sendmsg` of all of `bufs`, without SIGPIPE.
+fn send_all_now(fd: std::os::fd::BorrowedFd<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+    let mut control = SendAncillaryBuffer::default();
     loop {
         match rustix::net::sendmsg(
             fd,
@@ -616,12 +624,9 @@ fn send_now(fd: std::os::fd::BorrowedFd<'_>, bufs: &[IoSlice<'_>]) -> io::Result
     }
 }
 
-/// `bufs`, or, when they hold more than [`SEND_MAX`] bytes, their first
-/// [`SEND_MAX`] bytes as slices in `room` (at most its length of them).
+/// The first [`SEND_MAX`] bytes of `bufs`, as slices in `room` (at most
+/// its length of them).
 fn cap_send<'a>(bufs: &'a [IoSlice<'a>], room: &'a mut [IoSlice<'a>]) -> &'a [IoSlice<'a>] {
-    if bufs.iter().map(|b| b.len()).sum::<usize>() <= SEND_MAX {
-        return bufs;
-    }
     let mut left = SEND_MAX;
     let mut n = 0;
     for (slot, b) in room.iter_mut().zip(bufs) {
@@ -832,6 +837,14 @@ mod tests {
         let small = [IoSlice::new(&head), IoSlice::new(&third)];
         let mut room = [IoSlice::new(&[]); SEND_MAX_IOV];
         assert_eq!(lens(cap_send(&small, &mut room)), [40, SEND_MAX / 2 - 1]);
+
+        // A backlog of small frames: as many slices as make the cap.
+        let frame = [4u8; 5000];
+        let backlog: Vec<IoSlice<'_>> = (0..400).map(|_| IoSlice::new(&frame)).collect();
+        let mut room = [IoSlice::new(&[]); SEND_MAX_IOV];
+        let capped = lens(cap_send(&backlog, &mut room));
+        assert_eq!(capped.iter().sum::<usize>(), SEND_MAX);
+        assert_eq!(capped.len(), SEND_MAX.div_ceil(5000));
     }
 
     #[tokio::test]
