@@ -856,9 +856,10 @@ mod tests {
         let (_, w) = tcp(b.unwrap());
         assert!(r.peer_is_local());
         let payload: Vec<u8> = (0..3 * SEND_MAX + 7).map(|i| i as u8).collect();
+        let len = payload.len();
         let reader = tokio::spawn(async move {
-            let mut got = BytesMut::with_capacity(payload_len());
-            while got.len() < payload_len() {
+            let mut got = BytesMut::with_capacity(len);
+            while got.len() < len {
                 let n = std::future::poll_fn(|cx| r.poll_read_buf(cx, &mut got))
                     .await
                     .unwrap();
@@ -881,9 +882,5 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(got[..] == payload[..]);
-    }
-
-    fn payload_len() -> usize {
-        3 * SEND_MAX + 7
     }
 }
