@@ -433,6 +433,12 @@ pub struct Record<'a> {
 }
 
 impl<'a> Record<'a> {
+    /// Where the payload starts in the data area.
+    #[cfg(test)]
+    pub(crate) fn offset(&self) -> u64 {
+        self.found.pos
+    }
+
     fn new(consumer: &'a mut Consumer, found: Found) -> Record<'a> {
         Record {
             consumer,

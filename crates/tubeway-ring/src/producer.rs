@@ -309,22 +309,40 @@ impl Producer {
         )
     }
 
-    /// Writes `slot`: `slot.len` bytes of `parts` from `skip` on, a zero
-    /// word after them, then the record header (and the padding's before
-    /// it, if any), which publishes the record; wakes the reader if it
-    /// sleeps.
+    /// Writes `slot`: a zero word after it, `slot.len` bytes of `parts`
+    /// from `skip` on, then the record header (and the padding's before it,
+    /// if any), which publishes the record; wakes the reader if it sleeps.
+    ///
+    /// The payload's bytes in the header's cache line go last, just before
+    /// the header: a reader waiting for the record polls that line, and
+    /// takes it back each time it looks. Written first, those bytes would
+    /// make the line cross to this core once for them and once more for
+    /// the header, after the other lines' stores; written together with
+    /// the header, it crosses once. A 64-byte call through the broker over
+    /// shm took 1.39-1.41 µs the other way and 1.28-1.29 µs this way.
     fn commit(&mut self, slot: Slot, parts: &[&[u8]], skip: usize, flags: u32) -> Wake {
         let capacity = self.ring.capacity();
         // After padding, the record starts the data area.
         let at = if slot.pad > 0 { 0 } else { slot.pos };
         let size = record::size(slot.len);
-        self.ring
-            .write_payload(at + record::HEADER, parts, skip, slot.len as usize);
         // Where the reader looks once it has read this record: zero until
         // the next record is published there. The space reserved free
         // after every record is this word.
         self.ring
             .store_record_header((at + size) & (capacity - 1), 0);
+        let len = slot.len as usize;
+        // Data areas are page-aligned, so offsets and addresses agree on
+        // where a cache line starts.
+        let in_header_line = (CACHE_LINE - at % CACHE_LINE - record::HEADER).min(slot.len) as usize;
+        let payload = at + record::HEADER;
+        self.ring.write_payload(
+            payload + in_header_line as u64,
+            parts,
+            skip + in_header_line,
+            len - in_header_line,
+        );
+        self.ring
+            .write_payload(payload, parts, skip, in_header_line);
         // At most half the capacity, so it fits in 32 bits.
         let len32 = u32::try_from(slot.len).unwrap_or(u32::MAX);
         let header = record::encode(len32, flags);
@@ -365,6 +383,9 @@ fn reader_gone(ring: &Ring) -> bool {
 /// 10 GB/s frees it in 13 µs, well inside a writer's spin for room
 /// ([`DEFAULT_SPIN`](crate::DEFAULT_SPIN), 50 µs), whatever the ring's size.
 pub const FRAGMENT_ROOM_MAX: usize = 128 << 10;
+
+/// The size of a cache line, the unit in which cores hand memory over.
+const CACHE_LINE: u64 = 64;
 
 /// Bytes written between two looks at whether the ring is empty, to start
 /// again at the beginning of the data area (see [`Cursor::rewind`]).

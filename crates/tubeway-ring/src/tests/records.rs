@@ -193,6 +193,55 @@ fn random_sizes_survive_many_wraps() {
 }
 
 #[test]
+fn a_record_is_whole_wherever_it_starts_in_a_cache_line() {
+    // The payload's bytes in the header's line are written apart from the
+    // rest: every length around one and two lines, from three parts, with
+    // its header at each of the eight places a line has for one.
+    let mut p = pair(4096);
+    for len in 0..=136 {
+        let data = pattern(len as u64, len);
+        let (a, rest) = data.split_at(len / 3);
+        let (b, c) = rest.split_at(rest.len() / 2);
+        let mut seen = 0u32;
+        let mut rounds = 0;
+        while seen != 0xff {
+            rounds += 1;
+            assert!(rounds < 1000, "{len} bytes: header places seen {seen:#b}");
+            let _ = p.tx.try_write(&[a, b, c]).unwrap();
+            let record = p.rx.try_read().unwrap().unwrap();
+            assert_eq!(&*record, &data[..], "{len} bytes at {}", record.offset());
+            seen |= 1 << ((record.offset() - record::HEADER) % 64 / 8);
+            drop(record);
+            // Empty records move the next one on by a header each.
+            for _ in 0..rounds % 8 {
+                let _ = p.tx.try_write(&[]).unwrap();
+                assert_eq!(p.read(), Some((vec![], true)));
+            }
+        }
+    }
+    // In fragments of at most 120 bytes, which start inside the parts.
+    let mut p = pair(256);
+    for len in 0..=400 {
+        let data = pattern(len as u64, len);
+        let (a, rest) = data.split_at(len / 3);
+        let (b, c) = rest.split_at(rest.len() / 2);
+        std::thread::scope(|s| {
+            let tx = &mut p.tx;
+            s.spawn(move || tx.write_message(&[a, b, c], &WAIT, deadline()).unwrap());
+            let mut got = Vec::new();
+            loop {
+                let record = p.rx.read(&WAIT, deadline()).unwrap();
+                got.extend_from_slice(&record);
+                if record.is_last() {
+                    break;
+                }
+            }
+            assert_eq!(got, data, "{len} bytes in fragments");
+        });
+    }
+}
+
+#[test]
 fn write_some_writes_what_fits_as_one_record() {
     let mut p = pair(256);
     let data = pattern(7, 1000);
