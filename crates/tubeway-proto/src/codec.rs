@@ -607,6 +607,19 @@ impl Decoder {
         matches!(self.state, State::Head) && buf.is_empty()
     }
 
+    /// Decodes `bytes` when it is exactly one small frame, starting where
+    /// the stream is at a frame boundary, of at most the maximum size: what
+    /// [`decode`](Self::decode) would make of it, without the bytes first
+    /// going into a buffer. `None` otherwise, the bytes untouched: feed them
+    /// to `decode`, which then says what is wrong, if anything.
+    pub fn decode_whole(&self, bytes: &[u8]) -> Option<Decoded> {
+        if !self.at_frame_start() || bytes.len() > COPY_FRAME_MAX.min(self.max_frame) {
+            return None;
+        }
+        let prefix = decode_prefix(bytes).ok()?;
+        (prefix.frame_len as usize == bytes.len()).then(|| decode_frame_copied(bytes))
+    }
+
     /// Takes the next item out of `buf`. `Ok(None)` means more bytes are needed.
     /// An `Err` is fatal: the stream's framing is lost.
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Decoded>, DecodeError> {
@@ -726,6 +739,44 @@ mod tests {
         let f = encode(&m, 1 << 20).unwrap();
         let back = decode(Bytes::from(f.to_vec())).unwrap();
         assert_eq!(m, back);
+    }
+
+    #[test]
+    fn a_whole_small_frame_decodes_in_place_and_nothing_else_does() {
+        let m = sample();
+        let f = encode(&m, 1 << 20).unwrap();
+        let bytes = [&f.head[..], &f.payload[..]].concat();
+        let d = Decoder::new(1 << 20);
+        match d.decode_whole(&bytes) {
+            Some(Decoded::Message(back)) => assert_eq!(*back, m),
+            other => panic!("{other:?}"),
+        }
+        // Not exactly one frame.
+        assert!(d.decode_whole(&bytes[..bytes.len() - 1]).is_none());
+        assert!(d.decode_whole(&[&bytes[..], &bytes[..]].concat()).is_none());
+        assert!(d.decode_whole(&bytes[..5]).is_none());
+        assert!(d.decode_whole(&[]).is_none());
+        // Not a frame: left to `decode`, which says so.
+        let mut garbage = bytes.clone();
+        garbage[0] = b'X';
+        assert!(d.decode_whole(&garbage).is_none());
+        assert!(Decoder::new(1 << 20)
+            .decode(&mut BytesMut::from(&garbage[..]))
+            .is_err());
+        // Larger than the decoder takes, or than is worth decoding in place.
+        assert!(Decoder::new(bytes.len() - 1).decode_whole(&bytes).is_none());
+        let big = encode(&Message::binary(vec![1u8; COPY_FRAME_MAX], None), 1 << 20).unwrap();
+        assert!(d
+            .decode_whole(&[&big.head[..], &big.payload[..]].concat())
+            .is_none());
+        // In the middle of skipping a frame too large: not at a boundary.
+        let mut skipping = Decoder::new(64);
+        let mut buf = BytesMut::from(&big.head[..]);
+        assert!(matches!(
+            skipping.decode(&mut buf),
+            Ok(Some(Decoded::TooLarge { .. }))
+        ));
+        assert!(skipping.decode_whole(&bytes).is_none());
     }
 
     #[test]

@@ -131,6 +131,10 @@ pub struct FrameReader {
     in_a_row: u32,
     /// The last poll was pending, waiting to be woken through the stream.
     asleep: bool,
+    /// A frame decoded where the stream holds it, for `next` to return.
+    /// Never kept past the `next` that read it: `try_fill_now` sets it
+    /// only for `next`, which takes it as soon as the fill returns.
+    ready: Option<Decoded>,
 }
 
 /// How a reader was when [lent](FrameReader::lend).
@@ -158,6 +162,7 @@ impl FrameReader {
             seat: None,
             in_a_row: 0,
             asleep: false,
+            ready: None,
         }
     }
 
@@ -327,6 +332,9 @@ impl FrameReader {
             }
             if self.recycling.is_some() {
                 return self.read_recycled().await.map(Some);
+            }
+            if let Some(d) = self.ready.take() {
+                return Ok(Some(d));
             }
             if let Some(d) = self.decoder.decode(&mut self.buf)? {
                 return Ok(Some(d));
@@ -561,6 +569,24 @@ impl FrameReader {
 
     /// One non-blocking read straight from the kernel, for spinning.
     fn try_fill_now(&mut self) -> Poll<io::Result<usize>> {
+        // A small frame alone in a record of shared memory is decoded
+        // there: no copy into the buffer first (see docs/performance.md,
+        // "Where a call's time goes").
+        if self.recycling.is_none() && self.buf.is_empty() && self.reader.reads_memory() {
+            let decoder = &self.decoder;
+            match self
+                .reader
+                .try_read_whole(|bytes| decoder.decode_whole(bytes).map(|d| (d, bytes.len())))
+            {
+                Ok(Some((d, len))) => {
+                    self.ready = Some(d);
+                    return Poll::Ready(self.count(Ok(len)));
+                }
+                Ok(None) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Poll::Pending,
+                Err(e) => return Poll::Ready(self.count(Err(e))),
+            }
+        }
         let r = match &mut self.recycling {
             Some(r) => self.reader.try_read_now_into(r.rest()),
             None => self.reader.try_read_now(&mut self.buf),
@@ -1746,6 +1772,51 @@ mod tests {
     }
 
     /// An idle writer writes on the sender's own task, without the flusher.
+    /// Polls `r`'s fill until it has read something.
+    async fn fill(r: &mut FrameReader) -> usize {
+        within(poll_fn(|_| r.try_fill_now())).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_small_frame_alone_in_a_record_is_decoded_where_it_lies() {
+        let (server, client) = pair(&shm_url("whole")).await;
+        let mut r = FrameReader::new(server.reader, 1 << 20);
+        let w = &client.writer;
+        let write = |bytes: Vec<u8>| async move {
+            let n = poll_fn(|cx| w.poll_write_vectored_some(cx, &[IoSlice::new(&bytes)]))
+                .await
+                .unwrap();
+            assert_eq!(n, bytes.len(), "one record");
+        };
+        let frame = |text: &str| {
+            let f = codec::encode(&Message::plain_text(text), 1 << 20).unwrap();
+            [&f.head[..], &f.payload[..]].concat()
+        };
+        let text = |d: Option<Decoded>| match d {
+            Some(Decoded::Message(m)) => m.text_payload().unwrap().into_owned(),
+            other => panic!("{other:?}"),
+        };
+
+        // Alone in its record: decoded in place, never in the buffer.
+        write(frame("alone")).await;
+        let n = fill(&mut r).await;
+        assert_eq!(n, frame("alone").len());
+        assert!(r.ready.is_some() && r.buf.is_empty());
+        assert_eq!(text(r.next().await.unwrap()), "alone");
+
+        // Two in one record, half of one, one over the size decoded in
+        // place: through the buffer, as any stream.
+        write([frame("one"), frame("two")].concat()).await;
+        let big = frame(&"x".repeat(2000));
+        write(big[..50].to_vec()).await;
+        write(big[50..].to_vec()).await;
+        for expected in ["one", "two"] {
+            assert_eq!(text(within(r.next()).await.unwrap()), expected);
+        }
+        assert_eq!(text(within(r.next()).await.unwrap()).len(), 2000);
+        assert!(r.ready.is_none() && r.buf.is_empty());
+    }
+
     #[tokio::test]
     async fn idle_writer_writes_directly() {
         let (server, client) = pair("mem://framed-direct").await;

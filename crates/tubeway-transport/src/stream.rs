@@ -486,6 +486,20 @@ impl ReadHalf {
         recv_now_buf(fd, &mut self.scratch, buf)
     }
 
+    /// On shared memory, hands the next record to `f` in place (see
+    /// `ShmReader::try_read_whole`): `Ok(None)` when `f` makes nothing of
+    /// it, `WouldBlock` when there is none. A socket has no records:
+    /// `Ok(None)`, always.
+    pub fn try_read_whole<T>(
+        &mut self,
+        f: impl FnOnce(&[u8]) -> Option<T>,
+    ) -> io::Result<Option<T>> {
+        match &mut self.inner {
+            ReadInner::Shm(r) => r.try_read_whole(f),
+            ReadInner::Socket(_) | ReadInner::OnDemand(_) => Ok(None),
+        }
+    }
+
     /// [`try_read_now`](Self::try_read_now) into `buf` (not empty), which is
     /// initialised memory, so a socket reads straight into it.
     pub fn try_read_now_into(&mut self, buf: &mut [u8]) -> io::Result<usize> {

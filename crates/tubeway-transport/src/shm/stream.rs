@@ -105,6 +105,17 @@ pub(crate) fn reregister(mut r: ShmReader, w: ShmWriter) -> io::Result<(ShmReade
     ))
 }
 
+/// Counts a poll of a reader that found nothing, now and then looking
+/// whether the peer is gone: `WouldBlock`.
+fn found_nothing(idle_polls: &mut u32, waiter: &Waiter) -> io::Error {
+    *idle_polls = idle_polls.wrapping_add(1);
+    if *idle_polls % HANG_UP_CHECK_EVERY == 0 {
+        // Marks the rings closed if the peer is gone; the next read sees it.
+        waiter.drain();
+    }
+    io::ErrorKind::WouldBlock.into()
+}
+
 fn corrupt(e: impl std::error::Error + Send + Sync + 'static) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e)
 }
@@ -139,6 +150,44 @@ impl ShmReader {
     pub(crate) fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
         let room = buf.capacity() - buf.len();
         self.try_read_into(buf, room)
+    }
+
+    /// Hands the next record to `f` in place, and releases it if `f` makes
+    /// something of it (a whole frame, say): no copy into a buffer first.
+    /// `Ok(None)` when `f` does not, or when part of the record has been
+    /// read: read on with [`try_read_buf`](Self::try_read_buf), which finds
+    /// the record still there. `WouldBlock` when the ring holds nothing.
+    pub(crate) fn try_read_whole<T>(
+        &mut self,
+        f: impl FnOnce(&[u8]) -> Option<T>,
+    ) -> io::Result<Option<T>> {
+        if self.offset != 0 {
+            return Ok(None);
+        }
+        if self.announced {
+            self.rx.withdraw_wait();
+            self.announced = false;
+        }
+        let made = match self.rx.try_read() {
+            Ok(Some(record)) => {
+                let made = f(record.bytes());
+                if made.is_some() {
+                    // Dropping releases it (ringing the writer if it sleeps).
+                    drop(record);
+                } else {
+                    // Left for the read that follows.
+                    std::mem::forget(record);
+                }
+                made
+            }
+            Ok(None) => return Err(found_nothing(&mut self.idle_polls, &self.waiter)),
+            Err(TryReadError::Closed) => return Ok(None),
+            Err(e) => return Err(corrupt(e)),
+        };
+        if made.is_some() {
+            self.idle_polls = 0;
+        }
+        Ok(made)
     }
 
     /// Copies what the ring holds into `buf`, at most `limit` bytes;
@@ -186,12 +235,7 @@ impl ShmReader {
             self.idle_polls = 0;
             return Ok(total);
         }
-        self.idle_polls = self.idle_polls.wrapping_add(1);
-        if self.idle_polls % HANG_UP_CHECK_EVERY == 0 {
-            // Marks the rings closed if the peer is gone; the next read sees it.
-            self.waiter.drain();
-        }
-        Err(io::ErrorKind::WouldBlock.into())
+        Err(found_nothing(&mut self.idle_polls, &self.waiter))
     }
 
     /// Withdraws the announcement that this reader sleeps, if it made one.
