@@ -330,19 +330,16 @@ impl Producer {
         // after every record is this word.
         self.ring
             .store_record_header((at + size) & (capacity - 1), 0);
-        let len = slot.len as usize;
         // Data areas are page-aligned, so offsets and addresses agree on
         // where a cache line starts.
-        let in_header_line = (CACHE_LINE - at % CACHE_LINE - record::HEADER).min(slot.len) as usize;
-        let payload = at + record::HEADER;
+        let in_header_line = (CACHE_LINE - at % CACHE_LINE - record::HEADER) as usize;
         self.ring.write_payload(
-            payload + in_header_line as u64,
+            at + record::HEADER,
             parts,
-            skip + in_header_line,
-            len - in_header_line,
+            skip,
+            slot.len as usize,
+            in_header_line,
         );
-        self.ring
-            .write_payload(payload, parts, skip, in_header_line);
         // At most half the capacity, so it fits in 32 bits.
         let len32 = u32::try_from(slot.len).unwrap_or(u32::MAX);
         let header = record::encode(len32, flags);

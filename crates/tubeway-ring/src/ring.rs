@@ -24,6 +24,9 @@ pub(crate) struct Ring {
     side: Side,
 }
 
+/// The most bytes [`Ring::write_payload`] stores last: a cache line's worth.
+pub(crate) const STAGED: usize = 64;
+
 impl Ring {
     pub(crate) fn new(region: Arc<Region>, place: RingPlace, side: Side) -> Ring {
         Ring {
@@ -117,23 +120,41 @@ impl Ring {
     }
 
     /// Copies `len` bytes of the concatenated `parts`, from byte `skip` on,
-    /// to `pos` of the data area.
+    /// to `pos` of the data area; the first `last` of them (at most
+    /// [`STAGED`]) after all the others.
     ///
     /// The caller owns `[pos, pos + len)`: free space of the ring it
     /// produces into.
-    pub(crate) fn write_payload(&self, pos: u64, parts: &[&[u8]], skip: usize, len: usize) {
-        let mut dst = self.at(pos, len as u64);
+    pub(crate) fn write_payload(
+        &self,
+        pos: u64,
+        parts: &[&[u8]],
+        skip: usize,
+        len: usize,
+        last: usize,
+    ) {
+        let dst = self.at(pos, len as u64);
+        // Gathered here in the one pass over the parts, stored at the end.
+        let mut staged = [0u8; STAGED];
+        let last = last.min(len).min(STAGED);
+        let mut at = 0;
         for chunk in crate::parts::chunks(parts, skip, len) {
-            // SAFETY: the chunks add up to `len` bytes, so every copy stays
-            // inside the `len` bytes checked by `at`; that space is free, so
-            // no reader looks at it; a slice of the caller's never overlaps
-            // the mapping's free space (the caller cannot hold a reference
-            // into space it does not own).
-            unsafe {
-                std::ptr::copy_nonoverlapping(chunk.as_ptr(), dst, chunk.len());
-                dst = dst.add(chunk.len());
+            let (early, rest) = chunk.split_at(last.saturating_sub(at).min(chunk.len()));
+            if let Some(stage) = staged.get_mut(at..at + early.len()) {
+                stage.copy_from_slice(early);
             }
+            at += early.len();
+            // SAFETY: the chunks add up to at most `len` bytes, so every
+            // copy stays inside the `len` bytes checked by `at`; that space
+            // is free, so no reader looks at it; a slice of the caller's
+            // never overlaps the mapping's free space (the caller cannot
+            // hold a reference into space it does not own).
+            unsafe { std::ptr::copy_nonoverlapping(rest.as_ptr(), dst.add(at), rest.len()) };
+            at += rest.len();
         }
+        // SAFETY: `last` <= `len`, inside the space checked above; the
+        // staging array is the caller's stack, which never overlaps it.
+        unsafe { std::ptr::copy_nonoverlapping(staged.as_ptr(), dst, last) };
     }
 
     /// The `len` payload bytes at `pos`, borrowed in place.
