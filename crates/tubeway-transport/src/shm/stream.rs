@@ -68,6 +68,7 @@ pub(crate) fn halves(
         readable: None,
         announced: false,
         idle_polls: 0,
+        unreleased: false,
     };
     let writer = ShmWriter {
         inner: Mutex::new(WriterInner {
@@ -132,6 +133,9 @@ pub(crate) struct ShmReader {
     /// read, so a reader that spins again does not make the peer ring.
     announced: bool,
     idle_polls: u32,
+    /// The head record was decoded in place and is released by the next
+    /// read or wait, off the path of the message it held.
+    unreleased: bool,
 }
 
 impl std::fmt::Debug for ShmReader {
@@ -157,10 +161,15 @@ impl ShmReader {
     /// `Ok(None)` when `f` does not, or when part of the record has been
     /// read: read on with [`try_read_buf`](Self::try_read_buf), which finds
     /// the record still there. `WouldBlock` when the ring holds nothing.
+    ///
+    /// The record is released by the next read or wait: its release (a
+    /// store, a fence and a look at whether the writer sleeps for room)
+    /// then comes after the message it held has been handled, not before.
     pub(crate) fn try_read_whole<T>(
         &mut self,
         f: impl FnOnce(&[u8]) -> Option<T>,
     ) -> io::Result<Option<T>> {
+        self.release_read();
         if self.offset != 0 {
             return Ok(None);
         }
@@ -171,13 +180,10 @@ impl ShmReader {
         let made = match self.rx.try_read() {
             Ok(Some(record)) => {
                 let made = f(record.bytes());
-                if made.is_some() {
-                    // Dropping releases it (ringing the writer if it sleeps).
-                    drop(record);
-                } else {
-                    // Left for the read that follows.
-                    std::mem::forget(record);
-                }
+                // Left in the ring: released by the next call if made,
+                // read again by the copying read that follows if not.
+                std::mem::forget(record);
+                self.unreleased = made.is_some();
                 made
             }
             Ok(None) => return Err(found_nothing(&mut self.idle_polls, &self.waiter)),
@@ -190,6 +196,19 @@ impl ShmReader {
         Ok(made)
     }
 
+    /// Releases the record [`try_read_whole`](Self::try_read_whole) left
+    /// in the ring, if it left one. Every read and every wait starts so.
+    fn release_read(&mut self) {
+        if std::mem::take(&mut self.unreleased) {
+            // The same record again (only this reader moves the head), now
+            // dropped, which releases it and rings the writer if it sleeps
+            // for room. An error is the next read's to report.
+            if let Ok(Some(record)) = self.rx.try_read() {
+                drop(record);
+            }
+        }
+    }
+
     /// Copies what the ring holds into `buf`, at most `limit` bytes;
     /// otherwise as [`ShmReader::try_read_buf`].
     pub(crate) fn try_read_into(
@@ -197,6 +216,7 @@ impl ShmReader {
         buf: &mut impl BufMut,
         limit: usize,
     ) -> io::Result<usize> {
+        self.release_read();
         if self.announced {
             self.rx.withdraw_wait();
             self.announced = false;
@@ -252,6 +272,7 @@ impl ShmReader {
     /// on the doorbell to be woken; false, announcing nothing, when that
     /// task is not registered, the ring holds something, or the peer hung up.
     pub(crate) fn resume_wait(&mut self) -> bool {
+        self.release_read();
         if self.readable.is_none() || self.waiter.bell.hung_up() {
             return false;
         }
@@ -264,6 +285,7 @@ impl ShmReader {
 
     /// Sleeps on the doorbell until the ring may have something.
     pub(crate) fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.release_read();
         loop {
             // Registered first, so a ring after the announcement is never missed.
             if self.waiter.poll_readable(&mut self.readable, cx).is_ready() {
@@ -496,6 +518,50 @@ mod tests {
         let (r, _) = halves(a, region.clone(), Side::Creator).unwrap();
         let (_, w) = halves(b, region, Side::Opener).unwrap();
         (r, w)
+    }
+
+    /// A record decoded in place stays in the ring until the reader's next
+    /// read or wait, each of which releases it; one it could make nothing
+    /// of is there for the copying read.
+    #[tokio::test]
+    async fn a_record_read_in_place_is_released_by_the_next_read_or_wait() {
+        let (mut r, peer) = reader_and_peer_writer();
+        let free = || peer.lock().tx.free();
+        let empty = free();
+        let write = |bytes: &[u8]| {
+            peer.try_write_vectored(&[IoSlice::new(bytes)]).unwrap();
+            assert!(free() < empty);
+        };
+        let whole = |r: &mut ShmReader| r.try_read_whole(|b| Some(b.to_vec()));
+
+        write(b"first");
+        assert_eq!(whole(&mut r).unwrap().as_deref(), Some(&b"first"[..]));
+        assert!(free() < empty, "released before the message was handled");
+        let nothing = whole(&mut r).unwrap_err();
+        assert_eq!(nothing.kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(free(), empty, "the next read released it");
+
+        write(b"second");
+        assert_eq!(whole(&mut r).unwrap().as_deref(), Some(&b"second"[..]));
+        let (_task, waker) = Wakes::new();
+        assert!(r
+            .poll_read_ready(&mut Context::from_waker(&waker))
+            .is_pending());
+        assert_eq!(free(), empty, "a wait released it");
+
+        assert!(r.withdraw_wait());
+        write(b"third");
+        assert_eq!(whole(&mut r).unwrap().as_deref(), Some(&b"third"[..]));
+        assert!(r.resume_wait());
+        assert_eq!(free(), empty, "a wait resumed released it");
+
+        assert!(r.withdraw_wait());
+        write(b"copied");
+        assert!(r.try_read_whole(|_| None::<()>).unwrap().is_none());
+        let mut buf = BytesMut::with_capacity(64);
+        assert_eq!(r.try_read_buf(&mut buf).unwrap(), 6);
+        assert_eq!(&buf[..], b"copied");
+        assert_eq!(free(), empty);
     }
 
     /// A reader asleep on its doorbell, lent to a caller that reads its
