@@ -278,7 +278,10 @@ impl FrameReader {
     }
 
     /// Whether bytes of a next frame are already read: more frames follow
-    /// at once.
+    /// at once. Frames a shared-memory ring still holds do not count: small
+    /// ones are read in place one at a time, never buffered (the corking of
+    /// answers this drives saves system calls that shared memory does not
+    /// make).
     pub fn has_buffered(&self) -> bool {
         !self.buf.is_empty() || self.recycling.is_some()
     }
