@@ -14,6 +14,40 @@ fn call_echo_with_text_prints_the_text() {
 }
 
 #[test]
+fn ack_answers_an_empty_ok_whatever_was_sent() {
+    let server = Server::start();
+    for function in ["ack", "ack-blocking"] {
+        let out = server.run(&[
+            "call",
+            function,
+            "--data",
+            r#"{"n": 42}"#,
+            "--request-id",
+            "req-8",
+            "--subject",
+            "greeting",
+            "--json",
+        ]);
+        out.ok();
+        let m = &out.json_lines()[0];
+        assert_eq!(m["response_status"], "ok", "{function}: {m}");
+        assert_eq!(m["request_id"], "req-8", "{function}: {m}");
+        for absent in [
+            "payload_mimetype",
+            "payload_charset",
+            "subject",
+            "destination",
+        ] {
+            assert!(m[absent].is_null(), "{function}: {absent} in {m}");
+        }
+        assert!(
+            m["payload"].is_null() || m["payload"] == "",
+            "{function}: a payload in {m}"
+        );
+    }
+}
+
+#[test]
 fn call_echo_with_data_round_trips_as_json() {
     let server = Server::start();
     let out = server.run(&[
