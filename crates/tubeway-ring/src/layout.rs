@@ -16,9 +16,12 @@ use std::sync::atomic::{AtomicU32 as StdAtomicU32, AtomicU64 as StdAtomicU64};
 
 use crate::sync::{AtomicU32, AtomicU64};
 
-/// Size of a "line": two 64-byte cache lines, the unit the adjacent-line
+/// Size of a cache line, the unit in which cores hand memory over.
+pub(crate) const CACHE_LINE: usize = 64;
+
+/// Size of a "line": two cache lines, the unit the adjacent-line
 /// prefetcher moves.
-pub(crate) const LINE: usize = 128;
+pub(crate) const LINE: usize = 2 * CACHE_LINE;
 
 /// Alignment of the data areas: a page, so a data area never shares a page
 /// with a header.

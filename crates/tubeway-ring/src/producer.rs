@@ -6,6 +6,7 @@ use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
 use crate::error::{Corrupt, TryWriteError, WriteMessageError, WriteSomeError};
+use crate::layout::CACHE_LINE;
 use crate::parts;
 use crate::record::{self, FLAG_MORE, FLAG_PADDING};
 use crate::ring::Ring;
@@ -332,7 +333,8 @@ impl Producer {
             .store_record_header((at + size) & (capacity - 1), 0);
         // Data areas are page-aligned, so offsets and addresses agree on
         // where a cache line starts.
-        let in_header_line = (CACHE_LINE - at % CACHE_LINE - record::HEADER) as usize;
+        let line = CACHE_LINE as u64;
+        let in_header_line = (line - at % line - record::HEADER) as usize;
         self.ring.write_payload(
             at + record::HEADER,
             parts,
@@ -380,9 +382,6 @@ fn reader_gone(ring: &Ring) -> bool {
 /// 10 GB/s frees it in 13 µs, well inside a writer's spin for room
 /// ([`DEFAULT_SPIN`](crate::DEFAULT_SPIN), 50 µs), whatever the ring's size.
 pub const FRAGMENT_ROOM_MAX: usize = 128 << 10;
-
-/// The size of a cache line, the unit in which cores hand memory over.
-const CACHE_LINE: u64 = 64;
 
 /// Bytes written between two looks at whether the ring is empty, to start
 /// again at the beginning of the data area (see [`Cursor::rewind`]).

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use crate::layout::RingHeader;
+use crate::layout::{RingHeader, CACHE_LINE};
 use crate::record;
 use crate::region::{Region, RingPlace, Side};
 #[cfg(loom)]
@@ -23,9 +23,6 @@ pub(crate) struct Ring {
     /// The side whose end this is.
     side: Side,
 }
-
-/// The most bytes [`Ring::write_payload`] stores last: a cache line's worth.
-pub(crate) const STAGED: usize = 64;
 
 impl Ring {
     pub(crate) fn new(region: Arc<Region>, place: RingPlace, side: Side) -> Ring {
@@ -120,8 +117,8 @@ impl Ring {
     }
 
     /// Copies `len` bytes of the concatenated `parts`, from byte `skip` on,
-    /// to `pos` of the data area; the first `last` of them (at most
-    /// [`STAGED`]) after all the others.
+    /// to `pos` of the data area; the first `last` of them (at most a
+    /// cache line's worth, [`CACHE_LINE`]) after all the others.
     ///
     /// The caller owns `[pos, pos + len)`: free space of the ring it
     /// produces into.
@@ -135,8 +132,8 @@ impl Ring {
     ) {
         let dst = self.at(pos, len as u64);
         // Gathered here in the one pass over the parts, stored at the end.
-        let mut staged = [0u8; STAGED];
-        let last = last.min(len).min(STAGED);
+        let mut staged = [0u8; CACHE_LINE];
+        let last = last.min(len).min(CACHE_LINE);
         let mut at = 0;
         for chunk in crate::parts::chunks(parts, skip, len) {
             let (early, rest) = chunk.split_at(last.saturating_sub(at).min(chunk.len()));
