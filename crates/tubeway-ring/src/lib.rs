@@ -70,4 +70,6 @@ pub use region::{
     MIN_CAPACITY,
 };
 pub use strategy::WaitStrategyError;
-pub use wait::{Doorbell, Sleeper, WaitStrategy, Wake, DEFAULT_SPIN, SPIN_YIELD_EVERY};
+pub use wait::{
+    pause_after, Doorbell, Sleeper, WaitStrategy, Wake, DEFAULT_SPIN, EAGER_SPINS, SPIN_YIELD_EVERY,
+};

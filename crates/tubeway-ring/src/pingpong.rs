@@ -22,6 +22,7 @@ use crate::layout::{
 };
 use crate::region::Side;
 use crate::shm::Mapping;
+use crate::wait::pause_after;
 
 /// Size of a ping-pong memfd: one page.
 const PAGE: usize = 4096;
@@ -126,13 +127,17 @@ impl PingPong {
     /// is read every 1024 spins, so that the spin itself stays a bare load).
     pub fn wait(&self, side: Side, seq: u64, deadline: Option<Instant>) -> Result<u64, TimedOut> {
         let word = &side.peer().of(&self.layout().posted).seq;
+        // Spins as the rings' waiters do, so that the bare limit is the
+        // best they could do.
+        let mut spins = 0u32;
         loop {
             for _ in 0..SPINS_PER_CLOCK_CHECK {
                 let seen = word.load(Ordering::Acquire);
                 if seen >= seq {
                     return Ok(seen);
                 }
-                std::hint::spin_loop();
+                pause_after(spins);
+                spins = spins.saturating_add(1);
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(TimedOut);

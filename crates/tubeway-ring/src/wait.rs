@@ -244,6 +244,26 @@ pub(crate) fn withdraw(word: &AtomicU32) {
     word.swap(NOT_WAITING, Ordering::Relaxed);
 }
 
+/// Looks a spinning waiter takes back to back before it pauses between
+/// looks (`PAUSE` on x86, which costs some 20 ns on the CPUs this was
+/// measured on). An answer usually comes within about a microsecond, the
+/// time of this many looks; a pause then only delays noticing it. Longer
+/// waits pause, as spin loops should: it leaves the core's resources to a
+/// hyperthread sibling and saves power. Over shm, a 64-byte call through
+/// the broker took 1.03-1.05 µs with these looks unpaused and 1.05-1.07 µs
+/// with every look paused; a channel round trip 0.505-0.509 against
+/// 0.546-0.557 µs.
+pub const EAGER_SPINS: u32 = 64;
+
+/// What a spinning waiter does after its `spins`-th fruitless look (counted
+/// from 0): nothing for the first [`EAGER_SPINS`], a spin-loop hint after.
+#[inline]
+pub fn pause_after(spins: u32) {
+    if spins >= EAGER_SPINS {
+        spin_loop();
+    }
+}
+
 /// How often a spin with a budget gives its CPU to whoever else waits for
 /// it: on a small machine the peer that will end the wait may be waiting
 /// for the very CPU the spinner holds. Every spinner of the workspace
@@ -346,12 +366,14 @@ pub(crate) fn spin<T, E>(
     }
     let start = (budget.is_some() || deadline.is_some()).then(Instant::now);
     let mut next_yield = start.map(|s| s + SPIN_YIELD_EVERY);
+    let mut spins = 0u32;
     loop {
         for _ in 0..SPINS_PER_CLOCK_CHECK {
             if let Some(v) = poll()? {
                 return Ok(Spun::Ready(v));
             }
-            spin_loop();
+            pause_after(spins);
+            spins = spins.saturating_add(1);
         }
         if let Some(start) = start {
             let now = Instant::now();

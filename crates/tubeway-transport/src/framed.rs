@@ -437,7 +437,7 @@ impl FrameReader {
         let mut slice: Option<(Instant, Instant)> = None;
         let mut spins = 0u32;
         loop {
-            std::hint::spin_loop();
+            tubeway_ring::pause_after(spins);
             if let Poll::Ready(r) = self.try_fill_now() {
                 return Poll::Ready(r);
             }
