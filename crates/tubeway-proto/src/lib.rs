@@ -8,17 +8,19 @@
 #![warn(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
 #![warn(missing_docs)]
 
+mod clock;
 pub mod codec;
 mod json;
 mod message;
 pub mod name;
 pub mod ops;
 
+pub use clock::now_millis;
 pub use codec::{decode_frame, DecodeError, Decoded, Decoder, EncodeError, EncodedFrame};
 pub use json::JsonError;
 pub use message::{
-    now_millis, Message, MessageType, PayloadError, PayloadKind, ResponseStatus, MIME_BINARY,
-    MIME_JSON, MIME_TEXT,
+    Message, MessageType, PayloadError, PayloadKind, ResponseStatus, MIME_BINARY, MIME_JSON,
+    MIME_TEXT,
 };
 
 /// Default maximum size of one encoded message: 20 MiB.

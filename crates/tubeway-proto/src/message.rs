@@ -1,5 +1,7 @@
 use std::fmt;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use crate::clock::now_millis;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -11,14 +13,6 @@ pub const MIME_TEXT: &str = "text/plain";
 pub const MIME_JSON: &str = "application/json";
 /// Mimetype of a non-empty payload that names none: senders leave it out.
 pub const MIME_BINARY: &str = "application/octet-stream";
-
-/// Milliseconds since the Unix epoch, as carried in `timestamp` and `expires_at`.
-pub fn now_millis() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
 
 macro_rules! wire_enum {
     ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident = $code:expr => $text:literal,)* }) => {
