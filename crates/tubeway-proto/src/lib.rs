@@ -10,6 +10,7 @@
 
 mod clock;
 pub mod codec;
+mod id;
 mod json;
 mod message;
 pub mod name;

@@ -259,7 +259,7 @@ impl fmt::Debug for Message {
 impl Message {
     /// A new message of `type` with a fresh id, the current timestamp and no payload.
     pub fn new(r#type: MessageType) -> Self {
-        Message::with_identity(r#type, Uuid::new_v4(), now_millis())
+        Message::with_identity(r#type, crate::id::fresh(), now_millis())
     }
 
     /// A message of `type` with the given id and timestamp and nothing else:
