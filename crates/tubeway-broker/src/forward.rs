@@ -211,7 +211,7 @@ impl WorkerCalls {
 
 /// Makes a worker's answer to a forwarded call the answer its caller must see.
 pub(crate) fn readdress(resp: &mut Message, to: &ReplyTo) {
-    resp.id = Uuid::new_v4();
+    resp.id = tubeway_proto::fresh_id();
     resp.correlation_id = Some(to.id);
     resp.request_id.clone_from(&to.request_id);
     if resp.response_status.is_none() {

@@ -422,7 +422,7 @@ impl SessionShared {
         let limited = worker.max_calls.is_some();
         let answered = crate::function::counts(caller.oneway, worker);
         let mut fwd = req;
-        fwd.id = Uuid::new_v4();
+        fwd.id = tubeway_proto::fresh_id();
         fwd.correlation_id = Some(worker.registration);
         // Asked for an answer, which nobody waits for, if it counts.
         fwd.oneway = !answered;
@@ -481,7 +481,7 @@ impl SessionShared {
             retries,
         } = call;
         let mut fwd = m;
-        fwd.id = Uuid::new_v4();
+        fwd.id = tubeway_proto::fresh_id();
         fwd.correlation_id = Some(worker.registration);
         let fwd_id = fwd.id;
         let limited = worker.max_calls.is_some();

@@ -18,6 +18,7 @@ pub mod ops;
 
 pub use clock::now_millis;
 pub use codec::{decode_frame, DecodeError, Decoded, Decoder, EncodeError, EncodedFrame};
+pub use id::fresh as fresh_id;
 pub use json::JsonError;
 pub use message::{
     Message, MessageType, PayloadError, PayloadKind, ResponseStatus, MIME_BINARY, MIME_JSON,

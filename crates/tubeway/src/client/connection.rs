@@ -729,7 +729,7 @@ impl Conn {
             back.r#type = MessageType::Requeue;
         } else {
             back.r#type = MessageType::Offer;
-            back.id = Uuid::new_v4();
+            back.id = tubeway_proto::fresh_id();
             back.correlation_id = None;
         }
         self.encode(&back).ok()
@@ -872,7 +872,7 @@ impl Conn {
             s.next_sweep = sooner;
         }
         if s.unregistered == Some(msg.id) {
-            msg.id = Uuid::new_v4();
+            msg.id = tubeway_proto::fresh_id();
         }
         // One lookup for the common case, a fresh id.
         loop {
@@ -881,7 +881,7 @@ impl Conn {
                     slot.insert(waiter);
                     break;
                 }
-                Entry::Occupied(_) => msg.id = Uuid::new_v4(),
+                Entry::Occupied(_) => msg.id = tubeway_proto::fresh_id(),
             }
         }
         let pipelined = s.pending.len() > 1;
