@@ -419,6 +419,7 @@ impl Driver {
     fn drive<F: Future>(&self, mut f: Pin<&mut F>, deadline: Option<Instant>) -> Option<F::Output> {
         self.rt().block_on(async {
             let mut held: Option<Held<'_>> = None;
+            let _waiter = self.slot.waiter();
             let free = self.slot.notified();
             tokio::pin!(free);
             let expiry = deadline.map(|d| tokio::time::sleep_until(d.into()));
@@ -481,6 +482,7 @@ impl Driver {
         tokio::pin!(stop);
         stop.as_mut().enable();
         let mut held = loop {
+            let _waiter = self.slot.waiter();
             let free = self.slot.notified();
             tokio::pin!(free);
             free.as_mut().enable();

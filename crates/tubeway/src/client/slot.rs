@@ -12,7 +12,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -39,8 +39,12 @@ const UNWATCHED_FOR: Duration = Duration::from_millis(2);
 pub(crate) struct ReaderSlot {
     /// Boxed: it changes hands on every call.
     reader: Mutex<Option<Box<Reader>>>,
-    /// Signalled when the reader is put back.
+    /// Signalled when the reader is put back, if anyone waits for it.
     free: Notify,
+    /// Waiters for [`free`](Self::free) (see [`ReaderSlot::waiter`]): while
+    /// there are none, a reader put back after a call signals nobody, which
+    /// saves a locked instruction per call.
+    waiters: AtomicUsize,
     /// The reader task (see [`ReaderSlot::run`]), to wake when the reader
     /// comes back in a state that needs its poll, or while it waits for it.
     task: AtomicWaker,
@@ -95,9 +99,20 @@ impl ReaderSlot {
         self.resting.load(Ordering::Relaxed)
     }
 
-    /// Completes once the reader is put back (after this was made).
+    /// Completes once the reader is put back (after this was made). Only
+    /// while a [`waiter`](Self::waiter) made before it lives: the reader
+    /// is put back without a signal when none does.
     pub(crate) fn notified(&self) -> Notified<'_> {
         self.free.notified()
+    }
+
+    /// Counts its holder among those waiting for the reader until dropped.
+    /// Made before the [`notified`](Self::notified) it covers and before
+    /// the holder's look at the slot: a reader put back after that look
+    /// then sees the count (the slot's lock orders the two) and signals.
+    pub(crate) fn waiter(&self) -> Waiter<'_> {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        Waiter { slot: self }
     }
 
     /// Runs the reader whenever nobody else does, until the connection
@@ -275,12 +290,25 @@ impl Drop for Held<'_> {
         // a timer to watch it again, unless one runs.
         let arm = unwatched && !self.slot.watchdog.swap(true, Ordering::Relaxed);
         drop(slot);
-        self.slot.free.notify_one();
+        if self.slot.waiters.load(Ordering::SeqCst) != 0 {
+            self.slot.free.notify_one();
+        }
         // The lock orders this look after the task's mark, when the task's
         // look found the slot empty.
         if wake || arm || self.slot.task_waits.load(Ordering::Relaxed) {
             self.slot.task_waits.store(false, Ordering::Relaxed);
             self.slot.task.wake();
         }
+    }
+}
+
+/// One waiting for the reader (see [`ReaderSlot::waiter`]).
+pub(crate) struct Waiter<'a> {
+    slot: &'a ReaderSlot,
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        self.slot.waiters.fetch_sub(1, Ordering::SeqCst);
     }
 }
