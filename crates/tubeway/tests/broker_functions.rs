@@ -45,6 +45,7 @@ crate::transport_tests! {
     blocking_handlers_that_outlast_their_calls_keep_to_the_in_flight_limit
         with BrokerConfig::default().max_in_flight_per_connection(2),
     blocking_worker_serves_while_its_thread_waits,
+    a_blocking_call_runs_its_clients_async_worker_meanwhile,
     blocking_worker_sends_large_answers_while_its_thread_waits,
     deferred_answers_are_sent_from_the_thread_that_gives_them,
     a_worker_refuses_calls_beyond_its_blocking_limit,
@@ -1274,6 +1275,46 @@ async fn blocking_worker_serves_while_its_thread_waits(h: &Harness) {
         assert_eq!(text(&r.unwrap()), "abab");
     }
     worker.stop().await;
+}
+
+/// A blocking client that serves a function with an async handler, and
+/// calls a function that needs that handler's answer first: whichever
+/// thread reads the connection (the caller's, reading its own answer, or
+/// the client's background thread) starts the handler, which waits on a
+/// timer and so needs the client's runtime.
+async fn a_blocking_call_runs_its_clients_async_worker_meanwhile(h: &Harness) {
+    let helper = h.client().await;
+    let inner = h.client().await;
+    let _relay = step(helper.serve_async("relay", move |m: Message| {
+        let inner = inner.clone();
+        async move {
+            let r = inner.send("halve", m).await.map_err(|e| e.to_string())?;
+            Ok(Message::plain_text(format!("relayed {}", text(&r))))
+        }
+    }))
+    .await
+    .unwrap();
+    let (url, options) = (h.url.clone(), h.client_options());
+    let done = on_thread(move || {
+        let c = Client::connect_with(&url, options).unwrap();
+        let w = c
+            .serve_async("halve", |m: Message| async move {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let t = m.text_payload()?.into_owned();
+                Ok(Message::plain_text(&t[..t.len() / 2]))
+            })
+            .unwrap();
+        for i in 0..20 {
+            let sent = format!("{i}{i}");
+            let got = c.send("relay", Message::plain_text(sent)).unwrap();
+            assert_eq!(text(&got), format!("relayed {i}"));
+        }
+        w.stop().unwrap();
+        c.close().unwrap();
+        true
+    })
+    .await;
+    assert!(done);
 }
 
 /// A synchronous handler's answer is sent by the thread that ran it. Answers

@@ -372,9 +372,11 @@ impl Driver {
         let (id, waits) = (msg.id, Waits::of(&msg));
         let frame = conn.encode_owned(msg)?;
         let unsent = conn.try_send_as(frame, false)?;
-        // The runtime's context, for what routing other messages starts;
-        // entered once the request is out, while the broker works on it.
-        let _context = self.rt().enter();
+        // No runtime context while the reader is polled for the answer:
+        // what routing another message starts enters the connection's
+        // runtime itself (`serve_now`), so a call pays for the context (a
+        // reference count taken and given back, a thread-local set and
+        // restored) only once it has to wait.
         let sleeps = !client.wait_strategy().spins();
         // A sleeping reader waits until the call's deadline: a shorter wait
         // of its own would cost more than the round trip (arming the CPU's
@@ -410,6 +412,7 @@ impl Driver {
         }
         // Registered before the reader is put back: its answer has not been
         // read, so whoever reads next routes it to the call.
+        let _context = self.rt().enter();
         let started = client.started_unregistered(id, waits, unsent)?;
         drop(held);
         Ok(Call::Waiting(started, left()))

@@ -1284,6 +1284,11 @@ impl Waits {
 /// it back to a task would wake a thread of the runtime (the background
 /// thread of a blocking client, often asleep) for every call.
 fn serve_now(conn: Arc<Conn>, dispatch: Dispatch, req: Message) {
+    // The connection's runtime: a blocking call reading its own answer
+    // routes what comes before it outside any runtime, and a handler's
+    // first poll, and the task it may need, need one.
+    let runtime = conn.runtime.clone();
+    let _context = runtime.enter();
     let oneway = req.oneway;
     match dispatch {
         Dispatch::Async(start) => {
