@@ -422,8 +422,8 @@ impl Driver {
     fn drive<F: Future>(&self, mut f: Pin<&mut F>, deadline: Option<Instant>) -> Option<F::Output> {
         self.rt().block_on(async {
             let mut held: Option<Held<'_>> = None;
-            let _waiter = self.slot.waiter();
-            let free = self.slot.notified();
+            let waiter = self.slot.waiter();
+            let free = self.slot.notified(&waiter);
             tokio::pin!(free);
             let expiry = deadline.map(|d| tokio::time::sleep_until(d.into()));
             tokio::pin!(expiry);
@@ -446,7 +446,7 @@ impl Driver {
                     held = self.take_reader();
                     if held.is_none() {
                         if free.as_mut().poll(cx).is_ready() {
-                            free.set(self.slot.notified());
+                            free.set(self.slot.notified(&waiter));
                             continue;
                         }
                         // Another thread reads; it wakes us with our answer.
@@ -485,8 +485,8 @@ impl Driver {
         tokio::pin!(stop);
         stop.as_mut().enable();
         let mut held = loop {
-            let _waiter = self.slot.waiter();
-            let free = self.slot.notified();
+            let waiter = self.slot.waiter();
+            let free = self.slot.notified(&waiter);
             tokio::pin!(free);
             free.as_mut().enable();
             if let Some(h) = self.take_reader() {

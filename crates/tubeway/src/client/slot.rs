@@ -99,10 +99,10 @@ impl ReaderSlot {
         self.resting.load(Ordering::Relaxed)
     }
 
-    /// Completes once the reader is put back (after this was made). Only
-    /// while a [`waiter`](Self::waiter) made before it lives: the reader
-    /// is put back without a signal when none does.
-    pub(crate) fn notified(&self) -> Notified<'_> {
+    /// Completes once the reader is put back (after this was made). It
+    /// borrows `waiter`, made before it, so that it cannot outlive that
+    /// count: the reader is put back without a signal while nobody counts.
+    pub(crate) fn notified<'w>(&'w self, _waiter: &'w Waiter<'_>) -> Notified<'w> {
         self.free.notified()
     }
 
