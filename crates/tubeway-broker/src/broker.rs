@@ -17,7 +17,7 @@ use crate::function::{Function, Handler, HandlerError, HandlerFuture};
 use crate::handlers::Handlers;
 use crate::queue::{Queue, QueueError};
 use crate::spin_pool::SpinPool;
-use crate::stats::Counters;
+use crate::stats::{Counters, Traffic};
 use crate::topic::Topic;
 
 /// Why the broker refused an operation: the response status a client would
@@ -113,6 +113,8 @@ pub(crate) struct Inner {
     pub topics: RwLock<HashMap<String, Arc<Topic>>>,
     pub functions: RwLock<HashMap<String, Arc<Function>>>,
     pub counters: Counters,
+    /// Messages in and out, per connection.
+    pub traffic: Traffic,
     pub shutdown: CancellationToken,
     /// Set when shutdown begins, before `shutdown` is cancelled: what a
     /// connection checks between requests (a look at the token takes a lock).
@@ -267,6 +269,7 @@ impl Inner {
 
     pub fn stats(&self) -> Stats {
         let c = &self.counters;
+        let (messages_in, messages_out) = self.traffic.totals();
         let mut queues: Vec<_> = read(&self.queues).values().map(|q| q.stats()).collect();
         queues.sort_by(|a, b| a.status.name.cmp(&b.status.name));
         Stats {
@@ -274,8 +277,8 @@ impl Inner {
             connections: Counters::get(&c.connections),
             connections_total: Counters::get(&c.connections_total),
             connections_rejected: Counters::get(&c.connections_rejected),
-            messages_in: Counters::get(&c.messages_in),
-            messages_out: Counters::get(&c.messages_out),
+            messages_in,
+            messages_out,
             errors: Counters::get(&c.errors),
             frame_pool_bytes: (self.frame_pool.as_ref()).map_or(0, |p| p.held() as u64),
             queues,
@@ -323,6 +326,7 @@ impl Broker {
                 topics: RwLock::default(),
                 functions: RwLock::default(),
                 counters: Counters::default(),
+                traffic: Traffic::default(),
                 shutdown: CancellationToken::new(),
                 shutting_down: AtomicBool::new(false),
                 tracker: TaskTracker::new(),

@@ -30,7 +30,7 @@ use crate::broker::{check_name, queue_error, within, BrokerError, Inner};
 use crate::forward::{self, Reply, Route, WorkerCalls};
 use crate::function::{Function, Inline, Pick, Unplaced, WorkerRef};
 use crate::queue::QueueError;
-use crate::stats::Counters;
+use crate::stats::{Counters, OwnCounter};
 
 /// Largest per-subscriber buffer a client may ask for.
 const MAX_SUBSCRIBER_BUFFER: u64 = 1 << 20;
@@ -129,6 +129,9 @@ pub(crate) struct SessionShared {
     waiting: Mutex<HashMap<Uuid, CancellationToken>>,
     /// The latest messages handed to polls of this connection.
     handed: Mutex<Handed>,
+    /// Messages read, counted by the connection's reader alone (what it
+    /// sends its writer counts: see [`Traffic`](crate::stats::Traffic)).
+    messages_in: OwnCounter,
 }
 
 /// The latest polls of a connection answered with a message, as (poll id,
@@ -201,7 +204,13 @@ impl SessionShared {
             inflight: Arc::new(Semaphore::new(max_in_flight)),
             waiting: Mutex::default(),
             handed: Mutex::default(),
+            messages_in: OwnCounter::default(),
         })
+    }
+
+    /// Messages read from the peer and accepted for it so far.
+    pub(crate) fn traffic(&self) -> (u64, u64) {
+        (self.messages_in.get(), self.writer.stats().accepted)
     }
 
     /// The peer is gone: sends fail, waiting requests stop.
@@ -269,10 +278,7 @@ impl SessionShared {
 
     /// Sends `frame`, waiting while the writer's queue is full.
     async fn send_frame(&self, frame: EncodedFrame, batch: bool) -> bool {
-        // Counted before it is written: once written, the peer may already
-        // be asking for statistics that must include it.
-        let out = &self.inner.counters.messages_out;
-        Counters::inc(out);
+        // Counted by the writer (see `Traffic`).
         // Tried without a future first: most frames go at once, and a
         // future made to send one is copied into this one's.
         let sent = match self.try_admit(frame, batch) {
@@ -281,11 +287,7 @@ impl SessionShared {
             Ok(Some(frame)) => self.writer.send(frame).await,
             Err(e) => Err(e),
         };
-        if sent.is_err() {
-            out.fetch_sub(1, Ordering::Relaxed);
-            return false;
-        }
-        true
+        sent.is_ok()
     }
 
     /// Whether a frame sent at once is a copy into shared memory, which
@@ -309,18 +311,10 @@ impl SessionShared {
         let Some(frame) = frame else {
             return SendNow::Sent;
         };
-        let out = &self.inner.counters.messages_out;
-        Counters::inc(out);
         match self.try_admit(frame, batch) {
             Ok(None) => SendNow::Sent,
-            Ok(Some(frame)) => {
-                out.fetch_sub(1, Ordering::Relaxed);
-                SendNow::Full(frame)
-            }
-            Err(_) => {
-                out.fetch_sub(1, Ordering::Relaxed);
-                SendNow::Gone
-            }
+            Ok(Some(frame)) => SendNow::Full(frame),
+            Err(_) => SendNow::Gone,
         }
     }
 
@@ -681,6 +675,10 @@ pub(crate) async fn run(
     let (writer, flusher) = FrameWriter::new(writer);
     let writer_task = tokio::spawn(flusher);
     let shared = SessionShared::new(id, peer.clone(), inner.clone(), writer);
+    inner.traffic.join(&shared);
+    // Last, once the writer is closed: however the task ends, its counts
+    // join the closed connections'.
+    let _retire = Retire(&inner, id);
     let mut reader = FrameReader::new(reader, inner.config.max_message_size);
     reader.set_wait_strategy(wait);
     if let Some(pool) = &inner.frame_pool {
@@ -722,6 +720,15 @@ pub(crate) async fn run(
     }
     inner.counters.connections.fetch_sub(1, Ordering::Relaxed);
     tracing::debug!(conn = id, %peer, "closed");
+}
+
+/// Retires a connection's message counts (see [`Traffic::retire`](crate::stats::Traffic::retire)).
+struct Retire<'a>(&'a Inner, u64);
+
+impl Drop for Retire<'_> {
+    fn drop(&mut self) {
+        self.0.traffic.retire(self.1);
+    }
 }
 
 /// Reads `hello` and answers it. False when the connection must close,
@@ -770,7 +777,7 @@ async fn handshake(
             return false;
         }
     };
-    Counters::inc(&inner.counters.messages_in);
+    shared.messages_in.inc();
     let to = ReplyTo::of(&hello);
     let refuse = |status, reason: String| Err(BrokerError::new(status, reason));
     let outcome: Result<Welcome, BrokerError> = if hello.r#type != MessageType::Hello {
@@ -897,10 +904,10 @@ impl Session {
             let Some(item) = item else {
                 return self.drain(reader).await;
             };
-            let counters = &self.inner.counters;
+            let counted = &self.shared.messages_in;
             match item {
                 Ok(Some(Decoded::Message(m))) => {
-                    Counters::inc(&counters.messages_in);
+                    counted.inc();
                     let more = reader.has_buffered();
                     if more && !corked {
                         self.shared.writer.cork();
@@ -917,7 +924,7 @@ impl Session {
                     }
                 }
                 Ok(Some(Decoded::Invalid { id, error, .. })) => {
-                    Counters::inc(&counters.messages_in);
+                    counted.inc();
                     tracing::warn!(peer = %self.shared.peer, %error, "invalid frame");
                     if let Some(id) = id {
                         let to = ReplyTo {
@@ -936,7 +943,7 @@ impl Session {
                     max,
                     ..
                 })) => {
-                    Counters::inc(&counters.messages_in);
+                    counted.inc();
                     tracing::warn!(peer = %self.shared.peer, frame_len, max, "message too large; skipped");
                     if let Some(id) = id {
                         let to = ReplyTo {
@@ -975,11 +982,11 @@ impl Session {
             };
             match item {
                 Ok(Some(Decoded::Message(m))) if m.r#type == MessageType::Response => {
-                    Counters::inc(&self.inner.counters.messages_in);
+                    self.shared.messages_in.inc();
                     self.shared.worker_answered(m);
                 }
                 Ok(Some(Decoded::Message(m))) => {
-                    Counters::inc(&self.inner.counters.messages_in);
+                    self.shared.messages_in.inc();
                     let to = ReplyTo::of(&m);
                     self.shared
                         .answer(&to, Err(BrokerError::shutting_down()))

@@ -707,6 +707,10 @@ impl ThreadTurns {
 /// Counters a writer keeps, as of one moment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WriteStats {
+    /// Frames accepted: written, being written or queued. Counted before
+    /// a frame's first byte goes, so that a peer that has read the frame
+    /// finds it counted.
+    pub accepted: u64,
     /// Frames written.
     pub frames: u64,
     /// Vectored write calls made.
@@ -968,6 +972,7 @@ impl Shared {
             // µs call over shm), so it is made under the lock; a rare wake
             // of a sleeping reader then is too. A system call is made
             // without it, so that other senders queue meanwhile.
+            s.stats.accepted += 1;
             if self.io.writes_to_memory() {
                 self.write_direct(frame, Some(s));
             } else {
@@ -986,6 +991,7 @@ impl Shared {
             return Ok(Some(frame));
         }
         s.enqueue(frame);
+        s.stats.accepted += 1;
         let wake = !s.writing && (!s.corked || s.queued >= CORK_LIMIT);
         drop(s);
         if wake {
@@ -1340,7 +1346,7 @@ mod tests {
             s.await.unwrap();
         }
         let stats = writer.stats();
-        assert_eq!(stats.frames, 100);
+        assert_eq!((stats.frames, stats.accepted), (100, 100));
         drop(writer);
         assert!(
             r.next().await.unwrap().is_none(),
@@ -1839,7 +1845,8 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
-        assert_eq!(writer.stats().direct, 10);
+        let stats = writer.stats();
+        assert_eq!((stats.direct, stats.accepted), (10, 10));
     }
 
     /// A thread may sleep on a socket itself until it is readable, outside
@@ -2182,6 +2189,11 @@ mod tests {
             !writer.try_send(frame()).unwrap(),
             "a full queue refuses try_send"
         );
+        // Queued frames count as accepted before they are written; the
+        // refused one, and the send given up while it waited, do not.
+        let stats = writer.stats();
+        assert_eq!(stats.accepted, sent as u64);
+        assert!(stats.frames < stats.accepted, "{stats:?}");
         let mut r = FrameReader::new(server.reader, 1 << 20);
         let reader = tokio::spawn(async move {
             let mut n = 0;
@@ -2191,6 +2203,7 @@ mod tests {
             n
         });
         writer.send(frame()).await.unwrap();
+        assert_eq!(writer.stats().accepted, sent as u64 + 1);
         drop(writer);
         assert_eq!(reader.await.unwrap(), sent + 1);
     }

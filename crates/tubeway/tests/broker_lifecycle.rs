@@ -491,6 +491,18 @@ async fn statistics(h: &Harness) {
     let local = h.broker.stats();
     assert_eq!(local.connections, 1);
     assert_eq!(local.connections_total, 2);
+    // A closed connection's messages stay counted: since s3, at least one
+    // more stats request came in and its answer went out.
+    assert!(local.messages_in > s3.messages_in, "{local:?} after {s3:?}");
+    assert!(
+        local.messages_out > s3.messages_out,
+        "{local:?} after {s3:?}"
+    );
+    // And the counts are exact across the two: one request in since, its
+    // answer not out yet when the numbers were taken.
+    let again = step(c.stats()).await.unwrap();
+    assert_eq!(again.messages_in, local.messages_in + 1);
+    assert_eq!(again.messages_out, local.messages_out);
 }
 
 /// Sends `msg` and checks the answer has `expected` and the shape every
