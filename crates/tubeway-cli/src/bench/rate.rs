@@ -48,13 +48,25 @@ impl Schedule {
 /// again. A thread sleep on Linux overshoots by some 50-60 µs, which would
 /// otherwise be counted as the system's latency.
 pub fn wait_for(ahead: Duration) {
-    const SLEEP_SLACK: Duration = Duration::from_micros(100);
     if ahead > SLEEP_SLACK * 2 {
         std::thread::sleep(ahead - SLEEP_SLACK);
     } else {
         std::thread::yield_now();
     }
 }
+
+/// [`wait_for`], for a pacer that an operation ending may wake first:
+/// parks instead of sleeping.
+pub fn park_for(ahead: Duration) {
+    if ahead > SLEEP_SLACK * 2 {
+        std::thread::park_timeout(ahead - SLEEP_SLACK);
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+/// How late a thread's sleep may end, at least.
+const SLEEP_SLACK: Duration = Duration::from_micros(100);
 
 #[cfg(test)]
 mod tests {

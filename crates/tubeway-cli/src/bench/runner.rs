@@ -7,16 +7,16 @@
 //! ends the run with an error instead of a hang.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use futures::stream::{FuturesUnordered, StreamExt as _};
 use hdrhistogram::Histogram;
-use tokio::sync::Semaphore;
 
 use super::latency;
 use super::modes::{ClientKind, Tally, Workload};
-use super::rate::{wait_for, Schedule};
+use super::rate::{park_for, wait_for, Schedule};
 
 /// How long a measurement may overrun its duration before it is abandoned.
 pub const GRACE: Duration = Duration::from_secs(120);
@@ -260,85 +260,22 @@ pub async fn fixed_rate(
             .await
             .map_err(|_| anyhow::anyhow!("no progress {GRACE:?} past the end of a {d:?} run"))?;
     }
-    let hist = Arc::new(Mutex::new(latency::histogram()));
-    let failure: Arc<Mutex<Option<anyhow::Error>>> = Arc::new(Mutex::new(None));
-    let permits = Arc::new(Semaphore::new(MAX_OUTSTANDING));
     let start = Instant::now();
     let schedule = Schedule::new(start, rate, d);
     let runtime = tokio::runtime::Handle::current();
     // The pacer is a thread, not a task: a task's timer is only as fine as
-    // a millisecond, which would be counted as latency.
+    // a millisecond, which would be counted as latency. It polls the
+    // operations it starts itself: a task spawned for each would be handed
+    // to a worker of the runtime, which costs a wake-up of tens of
+    // microseconds whenever the worker sleeps, counted as latency too.
     let pacer = {
-        let (work, hist, failure, permits) =
-            (work.clone(), hist.clone(), failure.clone(), permits.clone());
-        tokio::task::spawn_blocking(move || {
-            let mut lag = Duration::ZERO;
-            let mut i = 0u64;
-            while i < schedule.total() {
-                if failure
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .is_some()
-                {
-                    break;
-                }
-                let now = Instant::now();
-                let due = schedule.due_by(now);
-                if i >= due {
-                    wait_for(schedule.intended(i).saturating_duration_since(now));
-                    continue;
-                }
-                while i < due {
-                    let Ok(permit) = permits.clone().try_acquire_owned() else {
-                        // Saturated: the latencies of what is late will show it.
-                        std::thread::sleep(Duration::from_micros(50));
-                        break;
-                    };
-                    let intended = schedule.intended(i);
-                    lag = lag.max(Instant::now().saturating_duration_since(intended));
-                    let lane = usize::try_from(i).unwrap_or(0) % lanes.max(1);
-                    let (work, hist, failure) = (work.clone(), hist.clone(), failure.clone());
-                    runtime.spawn(async move {
-                        let result = work.op(lane).await;
-                        let took = intended.elapsed();
-                        match result {
-                            Ok(()) => latency::record(
-                                &mut hist.lock().unwrap_or_else(PoisonError::into_inner),
-                                took,
-                            ),
-                            Err(e) => {
-                                failure
-                                    .lock()
-                                    .unwrap_or_else(PoisonError::into_inner)
-                                    .get_or_insert(e);
-                            }
-                        }
-                        drop(permit);
-                    });
-                    i += 1;
-                }
-            }
-            lag
-        })
+        let work = work.clone();
+        tokio::task::spawn_blocking(move || pace(&work, lanes, &schedule, &runtime))
     };
     let run = async {
-        let lag = pacer.await.context("the pacer thread panicked")?;
-        // Every permit back: every operation sent has completed.
-        let all = u32::try_from(MAX_OUTSTANDING).unwrap_or(u32::MAX);
-        let _all = permits.acquire_many(all).await?;
+        let (hist, lag) = pacer.await.context("the pacer thread panicked")??;
         let secs = start.elapsed().as_secs_f64();
-        if let Some(e) = failure
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            return Err(e);
-        }
         let tally = work.settle().await?;
-        let hist = std::mem::replace(
-            &mut *hist.lock().unwrap_or_else(PoisonError::into_inner),
-            latency::histogram(),
-        );
         anyhow::Ok(RateOutcome {
             count: Count {
                 ops: hist.len(),
@@ -352,6 +289,74 @@ pub async fn fixed_rate(
     tokio::time::timeout(d + GRACE, run)
         .await
         .map_err(|_| anyhow::anyhow!("no progress {GRACE:?} past the end of a {d:?} run"))?
+}
+
+/// Wakes the pacer's thread when an operation it polls can go on.
+struct Unpark(std::thread::Thread);
+
+impl futures::task::ArcWake for Unpark {
+    fn wake_by_ref(arc_self: &Arc<Self>) {
+        arc_self.0.unpark();
+    }
+}
+
+/// Starts each operation of `work` at its time by `schedule`, spread over
+/// `lanes`, and polls those in flight, on this thread; at most
+/// [`MAX_OUTSTANDING`] (past that it falls behind its schedule, which the
+/// latencies then show). Returns each operation's latency from its
+/// intended start, and how far behind schedule a start came at worst.
+fn pace(
+    work: &Arc<dyn Workload>,
+    lanes: usize,
+    schedule: &Schedule,
+    runtime: &tokio::runtime::Handle,
+) -> anyhow::Result<(Histogram<u64>, Duration)> {
+    // The clients' futures may spawn or arm timers on their runtime.
+    let _context = runtime.enter();
+    let waker = futures::task::waker(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut hist = latency::histogram();
+    let mut lag = Duration::ZERO;
+    let mut in_flight = FuturesUnordered::new();
+    let mut i = 0u64;
+    loop {
+        while let std::task::Poll::Ready(Some((took, result))) = in_flight.poll_next_unpin(&mut cx)
+        {
+            result?;
+            latency::record(&mut hist, took);
+        }
+        if i >= schedule.total() {
+            if in_flight.is_empty() {
+                return Ok((hist, lag));
+            }
+            // Woken by the next end.
+            std::thread::park_timeout(Duration::from_millis(1));
+            continue;
+        }
+        let now = Instant::now();
+        let due = schedule.due_by(now);
+        if i >= due || in_flight.len() >= MAX_OUTSTANDING {
+            let ahead = schedule.intended(i).saturating_duration_since(now);
+            if in_flight.is_empty() {
+                wait_for(ahead);
+            } else {
+                // An end wakes this thread early.
+                park_for(ahead);
+            }
+            continue;
+        }
+        while i < due && in_flight.len() < MAX_OUTSTANDING {
+            let intended = schedule.intended(i);
+            lag = lag.max(Instant::now().saturating_duration_since(intended));
+            let lane = usize::try_from(i).unwrap_or(0) % lanes.max(1);
+            let work = work.clone();
+            in_flight.push(async move {
+                let result = work.op(lane).await;
+                (intended.elapsed(), result)
+            });
+            i += 1;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -504,6 +509,20 @@ mod tests {
             .expect("the run ended at the first failure")
             .unwrap_err();
         assert!(err.to_string().contains("lane broke"), "{err}");
+    }
+
+    /// The pacer times a completion when it comes, not at its next start:
+    /// at 50 msg/s (20 ms apart), operations of 2 ms take about 2 ms.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_completion_is_timed_when_it_comes() {
+        let w = sleepy(Duration::from_millis(2), u64::MAX);
+        let out = fixed_rate(&w, 1, 50, Duration::from_millis(200))
+            .await
+            .unwrap();
+        assert_eq!(out.count.ops, 10);
+        let l = latency::Latency::of(&out.hist);
+        assert!(l.p50_us >= 2_000.0, "{l:?}");
+        assert!(l.max_us < 12_000.0, "{l:?}");
     }
 
     /// A system that serves one operation at a time, 2 ms each: 500 msg/s at most.
