@@ -43,21 +43,14 @@ impl Schedule {
     }
 }
 
-/// How a pacer waits for a send time `ahead` in the future: sleep when the
+/// How a pacer waits for a send time `ahead` in the future: park when the
 /// gap is longer than a sleep's own inaccuracy, else yield the CPU and look
-/// again. A thread sleep on Linux overshoots by some 50-60 µs, which would
-/// otherwise be counted as the system's latency.
+/// again. A thread's sleep on Linux overshoots by some 50-60 µs, which would
+/// otherwise be counted as the system's latency. Parked, not slept: a pacer
+/// whose operations wake it (see `runner::pace`) times an operation that
+/// ends meanwhile when it ends; others sleep alike. Either may return
+/// early, so the caller looks at the time again.
 pub fn wait_for(ahead: Duration) {
-    if ahead > SLEEP_SLACK * 2 {
-        std::thread::sleep(ahead - SLEEP_SLACK);
-    } else {
-        std::thread::yield_now();
-    }
-}
-
-/// [`wait_for`], for a pacer that an operation ending may wake first:
-/// parks instead of sleeping.
-pub fn park_for(ahead: Duration) {
     if ahead > SLEEP_SLACK * 2 {
         std::thread::park_timeout(ahead - SLEEP_SLACK);
     } else {
@@ -65,7 +58,7 @@ pub fn park_for(ahead: Duration) {
     }
 }
 
-/// How late a thread's sleep may end, at least.
+/// What a wait leaves for its wake-up's overshoot.
 const SLEEP_SLACK: Duration = Duration::from_micros(100);
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use hdrhistogram::Histogram;
 
 use super::latency;
 use super::modes::{ClientKind, Tally, Workload};
-use super::rate::{park_for, wait_for, Schedule};
+use super::rate::{wait_for, Schedule};
 
 /// How long a measurement may overrun its duration before it is abandoned.
 pub const GRACE: Duration = Duration::from_secs(120);
@@ -336,13 +336,8 @@ fn pace(
         let now = Instant::now();
         let due = schedule.due_by(now);
         if i >= due || in_flight.len() >= MAX_OUTSTANDING {
-            let ahead = schedule.intended(i).saturating_duration_since(now);
-            if in_flight.is_empty() {
-                wait_for(ahead);
-            } else {
-                // An end wakes this thread early.
-                park_for(ahead);
-            }
+            // An operation that ends wakes this thread early.
+            wait_for(schedule.intended(i).saturating_duration_since(now));
             continue;
         }
         while i < due && in_flight.len() < MAX_OUTSTANDING {
