@@ -326,7 +326,8 @@ impl Cursor {
             // No prefetch of the record's later lines while waiting: the
             // writer is storing into them, and each prefetch takes a line
             // back from it before its header can be published
-            // (docs/performance.md, "The reader's prefetch, taken out").
+            // (docs/performance/investigations.md, "The reader's prefetch,
+            // taken out").
             None => Ok(None),
         }
     }

@@ -26,12 +26,12 @@ pub const MAX_CAPACITY: usize = 1 << 30;
 ///
 /// A message many times the ring's size is refilled through it again and
 /// again; 4 MiB rings, larger than a core's 1 MiB L2 cache, moved 200 MB
-/// messages faster than 1 MiB ones (docs/performance.md, "Rings larger than
-/// a core's cache"). Pages are only resident once written: a connection
-/// carrying requests and replies keeps reusing the start of its rings, and
-/// one that streams holds at most 8 MiB, less than Linux lets a busy TCP
-/// connection's socket buffers hold by default (4 MiB to send, 6 MiB to
-/// receive).
+/// messages faster than 1 MiB ones (docs/performance/investigations.md,
+/// "Rings larger than a core's cache"). Pages are only resident once
+/// written: a connection carrying requests and replies keeps reusing the
+/// start of its rings, and one that streams holds at most 8 MiB, less than
+/// Linux lets a busy TCP connection's socket buffers hold by default (4 MiB
+/// to send, 6 MiB to receive).
 pub const DEFAULT_CAPACITY: usize = 4 << 20;
 /// The default largest capacity accepted from a peer: 64 MiB per direction.
 pub const DEFAULT_MAX_CAPACITY: usize = 64 << 20;

@@ -48,8 +48,8 @@ const SPIN_SLICE: std::time::Duration = std::time::Duration::from_micros(50);
 /// machine) between every two fragments of a large message: over shared
 /// memory with the default 50 µs budget, 200 MB messages went at 6.5-7.5
 /// GB/s against 8.5-10 GB/s for readers that spun 0.5 ms
-/// (docs/performance.md, "Large messages over shm: spinning for the rest
-/// of a frame").
+/// (docs/performance/investigations.md, "Large messages over shm: spinning
+/// for the rest of a frame").
 const MID_FRAME_SPIN: Duration = Duration::from_millis(1);
 
 /// The least a socket reader whose peer is on this machine spins for the
@@ -59,9 +59,9 @@ const MID_FRAME_SPIN: Duration = Duration::from_millis(1);
 /// now; a reader asleep makes it wake the reader (across CPUs here, tens
 /// of microseconds) each time the socket runs dry: 200 MB messages over
 /// loopback TCP went at 2.7 GB/s to a `tubeway server` that slept, 3.8-3.9
-/// GB/s to one that polled (docs/performance.md, "Large messages over
-/// TCP"). A peer across a network sends at the network's pace, for which
-/// a reader keeps its strategy.
+/// GB/s to one that polled (docs/performance/investigations.md, "Large
+/// messages over TCP"). A peer across a network sends at the network's pace,
+/// for which a reader keeps its strategy.
 const LOCAL_MID_FRAME_SPIN: Duration = Duration::from_micros(50);
 
 /// Why reading frames stopped.
@@ -573,8 +573,8 @@ impl FrameReader {
     /// One non-blocking read straight from the kernel, for spinning.
     fn try_fill_now(&mut self) -> Poll<io::Result<usize>> {
         // A small frame alone in a record of shared memory is decoded
-        // there: no copy into the buffer first (see docs/performance.md,
-        // "Where a call's time goes").
+        // there: no copy into the buffer first (see
+        // docs/performance/investigations.md, "Where a call's time goes").
         if self.recycling.is_none() && self.buf.is_empty() && self.reader.reads_memory() {
             let decoder = &self.decoder;
             match self

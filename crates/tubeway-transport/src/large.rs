@@ -17,10 +17,10 @@ use memmap2::{Advice, MmapMut};
 /// huge pages `never`, or a process launched with `PR_SET_THP_DISABLE`), the
 /// mapping works with 4 KiB ones.
 ///
-/// Measured (docs/performance.md, "Huge pages for large frames"): 1 MiB TCP
-/// writes read into a 200 MiB buffer ran at 4.2-4.4 GB/s into huge pages
-/// and 3.1-3.9 GB/s into 4 KiB ones; memcpy of 200 MiB at 12.3-13.5
-/// against 8.3-9.6 GB/s.
+/// Measured (docs/performance/investigations.md, "Huge pages for large
+/// frames"): 1 MiB TCP writes read into a 200 MiB buffer ran at 4.2-4.4 GB/s
+/// into huge pages and 3.1-3.9 GB/s into 4 KiB ones; memcpy of 200 MiB at
+/// 12.3-13.5 against 8.3-9.6 GB/s.
 #[derive(Debug, Default)]
 pub struct LargeBuffer {
     mem: Memory,

@@ -6,11 +6,11 @@
 //! sleeps in `epoll_wait`, whether or not a task waits. For a reader that
 //! spins (latency mode) every round trip so wakes an idle worker for
 //! nothing, and on a machine with few CPUs that worker runs where the peer
-//! needs to be (docs/performance.md, "The reactor wakes an idle worker for
-//! every answer"). Here the read side is registered, for reads alone, only
-//! while a task sleeps on it, and the write side, for writes alone, only
-//! while a write waits for room. Registering and deregistering cost an
-//! `epoll_ctl` each.
+//! needs to be (docs/performance/investigations.md, "The reactor wakes an
+//! idle worker for every answer"). Here the read side is registered, for
+//! reads alone, only while a task sleeps on it, and the write side, for
+//! writes alone, only while a write waits for room. Registering and
+//! deregistering cost an `epoll_ctl` each.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

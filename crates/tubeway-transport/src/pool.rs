@@ -78,7 +78,7 @@ const MAX_KEPT: usize = 256;
 /// beginning of a page would be copied into and out of the ring between two
 /// addresses a few bytes apart within their pages, which the CPU takes for
 /// a dependence (4K aliasing): 500 KB echoes ran at a third of the speed
-/// (docs/performance.md, "Buffers of large messages").
+/// (docs/performance/investigations.md, "Buffers of large messages").
 const PAGE_OFFSET: usize = 2048;
 const PAGE: usize = 4096;
 

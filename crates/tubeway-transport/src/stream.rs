@@ -525,12 +525,13 @@ impl ReadHalf {
     ///
     /// On a Unix socket it sleeps in a blocking `recv` that peeks, which the
     /// peer wakes from the other CPU sooner than a sleep in `poll` (see
-    /// docs/performance.md, "Why one-in-flight socket ratios depend on the
-    /// regime"). The socket is in blocking mode meanwhile. That is safe
-    /// because this thread is then its only reader, and every write on it is
-    /// `MSG_DONTWAIT` ([`WriteHalf::try_write_vectored`]). Not when the
-    /// process has a single CPU: there is no wake-up from another CPU to
-    /// gain, and switching the socket's mode costs two more system calls.
+    /// docs/performance/investigations.md, "Why one-in-flight socket ratios
+    /// depend on the regime"). The socket is in blocking mode meanwhile.
+    /// That is safe because this thread is then its only reader, and every
+    /// write on it is `MSG_DONTWAIT` ([`WriteHalf::try_write_vectored`]).
+    /// Not when the process has a single CPU: there is no wake-up from
+    /// another CPU to gain, and switching the socket's mode costs two more
+    /// system calls.
     pub fn wait_readable(&mut self, deadline: Option<Instant>) -> io::Result<bool> {
         match self.inner.socket() {
             Some((fd, true)) if crate::wait::several_cpus() => {
@@ -603,7 +604,7 @@ impl AsyncRead for ReadHalf {
 /// send buffer takes, and the peer's acknowledgements wait behind the lock:
 /// over loopback TCP here, 200 MB written 1 MiB at a time went at 4.5-4.8
 /// GB/s to a reader that polls, 2.5-2.7 GB/s in 16 MiB or 200 MB calls
-/// (docs/performance.md, "Large messages over TCP").
+/// (docs/performance/investigations.md, "Large messages over TCP").
 const SEND_MAX: usize = 1 << 20;
 
 /// Slices of one capped `sendmsg`: as many as the frame writers pass at

@@ -7,8 +7,9 @@
 //! especially), a blocking wake-up across CPUs costs tens of microseconds
 //! and one on the waker's own CPU a few. The scheduler decides which one a
 //! ping-pong pays, and may decide differently for a bare ping-pong and for
-//! a call through a broker in the same run (docs/performance.md, "Where the
-//! scheduler puts the two ends"). Pinned, both pay the same.
+//! a call through a broker in the same run
+//! (docs/performance/investigations.md, "Where the scheduler puts the two
+//! ends"). Pinned, both pay the same.
 
 use std::path::Path;
 use std::process::Command;

@@ -6,9 +6,10 @@
 //!
 //! A socket stays in blocking mode: its reader sleeps in `recv` itself,
 //! which a peer on the other CPU wakes 5-7 µs sooner than a sleep in `poll`
-//! (docs/performance.md, "Why one-in-flight socket ratios depend on the
-//! regime"), and its writer never blocks (`MSG_DONTWAIT`). Named pipes have
-//! no per-call flag, so theirs are non-blocking and wait in `poll`.
+//! (docs/performance/investigations.md, "Why one-in-flight socket ratios
+//! depend on the regime"), and its writer never blocks (`MSG_DONTWAIT`).
+//! Named pipes have no per-call flag, so theirs are non-blocking and wait in
+//! `poll`.
 
 use std::io;
 use std::net::{TcpListener, TcpStream};

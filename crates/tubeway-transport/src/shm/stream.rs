@@ -30,9 +30,10 @@ const MAX_PARTS: usize = 16;
 /// [`Producer::fragment_room`]); sleeping instead costs a wake-up
 /// (5-50 µs here) and the reader a doorbell ring, every time, which held
 /// 200 MB messages at 0.29-0.63x of memcpy against 0.62-0.77x with this spin
-/// (docs/performance.md, "Large messages over shm: spinning for the rest
-/// of a frame"). A reader that does not keep up costs the writer this much
-/// CPU per wait; the spin holds the writer's thread, so it is not longer.
+/// (docs/performance/investigations.md, "Large messages over shm: spinning
+/// for the rest of a frame"). A reader that does not keep up costs the
+/// writer this much CPU per wait; the spin holds the writer's thread, so it
+/// is not longer.
 const ROOM_SPIN: Duration = tubeway_ring::DEFAULT_SPIN;
 
 /// Waits for room that sleep at once after a spin for room found none. A
@@ -40,9 +41,10 @@ const ROOM_SPIN: Duration = tubeway_ring::DEFAULT_SPIN;
 /// taking in 1 GB/s frees 128 KiB in 0.13 ms) would otherwise cost the
 /// writer a whole spin at every refill: with one subscriber taking about
 /// 0.9 GB/s, the broker's CPU went from a median of 34 % to 56 % with the
-/// spin, and back to 38-40 % with this (docs/performance.md, "Large
-/// messages over shm: spinning for the rest of a frame"). So the writer
-/// sleeps at once for the next this many waits, then tries a spin again.
+/// spin, and back to 38-40 % with this (docs/performance/investigations.md,
+/// "Large messages over shm: spinning for the rest of a frame"). So the
+/// writer sleeps at once for the next this many waits, then tries a spin
+/// again.
 const SKIP_AFTER_EMPTY_SPIN: u32 = 15;
 
 /// Builds both halves of one side of a connection.

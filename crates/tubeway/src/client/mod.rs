@@ -62,7 +62,8 @@ pub struct ClientOptions {
     /// runtime wakes one of its idle workers (tokio's rule), so calls in a
     /// loop on two CPUs still see a few such wake-ups in their tail (one
     /// per 128 calls, when the task's budget is spent); a runtime of one
-    /// worker has none to wake (see docs/performance.md).
+    /// worker has none to wake (see docs/performance/investigations.md, "The
+    /// async caller reads its own answer").
     pub wait: Option<WaitStrategy>,
     /// How many calls of this connection's synchronous handlers
     /// ([`AsyncClient::serve`]) may run at once (512), each on a thread of
@@ -90,7 +91,8 @@ pub struct ClientOptions {
     /// meanwhile; one thread polls at a time. It pays where cores are to
     /// spare: on a machine with few, the polling thread takes its CPU from
     /// the connection's reader and from the broker, and a lone call gets
-    /// slower (see docs/performance.md, "Calls to workers").
+    /// slower (see docs/performance/investigations.md, "Threads for
+    /// synchronous handlers").
     pub handler_spin: Duration,
     /// Bytes of memory kept, at most, from the buffers of large messages
     /// (64 KiB and up) received and dropped, for the next ones to be read

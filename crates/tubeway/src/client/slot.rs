@@ -122,9 +122,9 @@ impl ReaderSlot {
     /// that a call takes it (see the module doc): spinning, it would give
     /// its runtime a turn again and again, and tokio answers each turn by
     /// waking an idle worker, which takes the CPU the broker and the caller
-    /// need (measured in docs/performance.md, "One call at a time from
-    /// async code, over shm"). Otherwise the task keeps it, spinning by the
-    /// strategy.
+    /// need (measured in docs/performance/investigations.md, "One call at a
+    /// time from async code, over shm"). Otherwise the task keeps it,
+    /// spinning by the strategy.
     pub(crate) async fn run(self: Arc<Self>) {
         // Kept here between polls while no caller would borrow it (see
         // `resting`): then the slot costs nothing per poll.
