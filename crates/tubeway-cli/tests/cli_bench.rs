@@ -439,14 +439,31 @@ fn split_cpus_put_the_bench_and_its_children_on_two_cpus() {
     let rtt = figures(unix, "round-trip");
     let f = rtt[0];
     check_latency(&f["latency"]["median"]);
-    assert!(
-        num(&baseline(f, "bare socket ping-pong")["ratio"]) > 0.0,
-        "{f}"
-    );
+    let bare = baseline(f, "bare socket ping-pong");
+    assert!(num(&bare["ratio"]) > 0.0, "{f}");
+    // The peer answered from CPU 1 every time, to the bench on CPU 0.
+    assert_eq!(num(&bare["shared_cpu"]), 0.0, "{bare}");
     // Not both.
     let out = run(tubeway().args(["bench", "--split-cpus", "--one-cpu"]));
     let stderr = out.fails_with(2);
     assert!(stderr.contains("cannot be used with"), "{stderr}");
+}
+
+#[test]
+fn one_cpu_puts_both_ends_of_the_bare_ping_pong_on_it() {
+    let report = report_of(
+        tubeway()
+            .args(["bench", "--json", "--transport", "unix", "--one-cpu"])
+            .args(["--figures", "round-trip"])
+            .args(TINY),
+    );
+    assert_eq!(report["method"]["one_cpu"], true, "{}", report["method"]);
+    let f = figures(section(&report, "unix", Some("call")), "round-trip")[0];
+    let bare = baseline(f, "bare socket ping-pong");
+    assert_eq!(num(&bare["shared_cpu"]), 1.0, "{bare}");
+    // Pinned on purpose: nothing to tell the reader about it.
+    let note = f["note"].as_str().unwrap_or_default();
+    assert!(!note.contains("one CPU"), "{note}");
 }
 
 #[test]

@@ -89,6 +89,24 @@ pub fn ping_pong_request(exchanges: &[Exchange], poll: bool) -> Option<Request> 
     })
 }
 
+/// The CPU this thread runs on, as one byte (modulo 256): the peer puts
+/// it first in each answer of a ping-pong, and the bench compares it with
+/// its own when the answer comes.
+pub fn cpu_byte() -> u8 {
+    (rustix::thread::sched_getcpu() % 256) as u8
+}
+
+/// What a socket ping-pong measured.
+#[derive(Clone, Copy, Debug)]
+pub struct PingPongRun {
+    /// Operations in the run's time.
+    pub count: Count,
+    /// The share of exchanges whose answer was sent from the CPU the bench
+    /// read it on: both ends on one CPU, where a wake-up is a switch on
+    /// that CPU, not a signal to another.
+    pub shared_cpu: f64,
+}
+
 /// Ping-pongs on `s` for `d`: one operation is one pass through
 /// `exchanges`. Records each operation's time in `hist` if given. With
 /// `poll`, the socket is non-blocking and polled (latency mode's floor).
@@ -98,7 +116,7 @@ pub fn ping_pong(
     d: Duration,
     poll: bool,
     mut hist: Option<&mut Histogram<u64>>,
-) -> std::io::Result<Count> {
+) -> std::io::Result<PingPongRun> {
     // Both written, so that no page fault falls in the timed loop, and the
     // clock starts once the peer's buffers are ready too.
     let mut bufs: Vec<(LargeBuffer, LargeBuffer)> = exchanges
@@ -115,7 +133,7 @@ pub fn ping_pong(
     s.set_nonblocking(poll)?;
     let start = Instant::now();
     let give_up = start + d + GRACE;
-    let mut ops = 0u64;
+    let (mut ops, mut shared) = (0u64, 0u64);
     loop {
         let t0 = Instant::now();
         for (req, answer) in &mut bufs {
@@ -126,7 +144,9 @@ pub fn ping_pong(
                 s.write_all(black_box(req))?;
                 s.read_exact(answer)?;
             }
-            black_box(&answer);
+            if answer.first() == Some(&cpu_byte()) {
+                shared += 1;
+            }
         }
         if let Some(h) = hist.as_deref_mut() {
             latency::record(h, t0.elapsed());
@@ -134,9 +154,13 @@ pub fn ping_pong(
         ops += 1;
         let t = start.elapsed();
         if t >= d {
-            return Ok(Count {
-                ops,
-                secs: t.as_secs_f64(),
+            let exchanges = ops * bufs.len() as u64;
+            return Ok(PingPongRun {
+                count: Count {
+                    ops,
+                    secs: t.as_secs_f64(),
+                },
+                shared_cpu: shared as f64 / exchanges.max(1) as f64,
             });
         }
     }

@@ -29,6 +29,16 @@ pub struct BareRun {
     pub count: Count,
     /// Each round trip's time, if recorded.
     pub latency: Option<Latency>,
+    /// For a socket ping-pong: the share of its exchanges made with both
+    /// ends on one CPU.
+    pub shared_cpu: Option<f64>,
+}
+
+/// The median over `runs` of the share of exchanges made on one CPU, for a
+/// limit that counts it.
+fn shared_cpu(runs: &[BareRun]) -> Option<f64> {
+    let shares: Vec<f64> = runs.iter().filter_map(|r| r.shared_cpu).collect();
+    Stat::of(shares).map(|s| s.median)
 }
 
 /// The runs of each bare limit of a figure, by name, in the order measured.
@@ -54,6 +64,7 @@ impl BareRuns {
             .map(|(name, runs)| {
                 let rates = runs.iter().map(|r| r.count.rate()).collect();
                 Baseline::paired(name.clone(), "msg/s", Stat::of(rates), figure)
+                    .on_one_cpu(shared_cpu(runs))
             })
             .collect()
     }
@@ -69,6 +80,7 @@ impl BareRuns {
                     .filter_map(|r| r.latency.map(|l| l.p50_us))
                     .collect();
                 Baseline::paired(format!("{name} p50"), "us", Stat::of(p50), figure)
+                    .on_one_cpu(shared_cpu(runs))
             })
             .collect()
     }
@@ -124,10 +136,10 @@ impl Bench<'_> {
         ) {
             let mut s = peer.open(&request)?;
             let exchanges = exchanges.to_vec();
-            let (count, latency) = tokio::task::spawn_blocking(move || {
+            let (run, latency) = tokio::task::spawn_blocking(move || {
                 let mut hist = record.then(latency::histogram);
-                let count = bare::ping_pong(&mut s, &exchanges, d, poll, hist.as_mut())?;
-                anyhow::Ok((count, hist.map(|h| Latency::of(&h))))
+                let run = bare::ping_pong(&mut s, &exchanges, d, poll, hist.as_mut())?;
+                anyhow::Ok((run, hist.map(|h| Latency::of(&h))))
             })
             .await??;
             let name = if poll {
@@ -137,8 +149,9 @@ impl Bench<'_> {
             };
             out.push(BareRun {
                 name: name.to_owned(),
-                count,
+                count: run.count,
                 latency,
+                shared_cpu: Some(run.shared_cpu),
             });
         }
         if self.far.is_some() {
@@ -180,6 +193,7 @@ impl Bench<'_> {
             name,
             count,
             latency,
+            shared_cpu: None,
         })
     }
 

@@ -16,6 +16,7 @@ use tubeway::LargeBuffer;
 use tubeway_ring::PingPong;
 
 use super::args::PeerArgs;
+use super::bare;
 use super::channel_peer;
 use super::fdpass::recv_with_fd;
 use super::runner::GRACE;
@@ -90,14 +91,14 @@ fn serve(mut s: Stream) -> io::Result<()> {
             // bare limit has no page faults in it (a zeroed allocation would
             // fault them in during the first exchanges).
             let mut request = LargeBuffer::filled(len(largest)?, 0xa5);
-            let answers = exchanges
+            let mut answers = exchanges
                 .iter()
                 .map(|&(up, down)| Ok((len(up)?, LargeBuffer::filled(len(down)?, 0x41))))
                 .collect::<io::Result<Vec<_>>>()?;
             s.write_all(&[1])?;
             s.set_nonblocking(poll)?;
             loop {
-                for (up, answer) in &answers {
+                for (up, answer) in &mut answers {
                     let buf = request.get_mut(..*up).unwrap_or_default();
                     let read = if poll {
                         // Polls for as long as a bench run may last.
@@ -109,6 +110,11 @@ fn serve(mut s: Stream) -> io::Result<()> {
                         Ok(()) => {}
                         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
                         Err(e) => return Err(e),
+                    }
+                    // Where this end ran, for the bench to compare with
+                    // where it runs when the answer comes.
+                    if let Some(first) = answer.first_mut() {
+                        *first = bare::cpu_byte();
                     }
                     if poll {
                         s.poll_write_all(answer, Instant::now() + GRACE)?;

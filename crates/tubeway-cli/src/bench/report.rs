@@ -109,6 +109,11 @@ pub struct Figure {
     pub note: Option<String>,
 }
 
+/// A bare ping-pong that made at least this share of its exchanges with
+/// both ends on one CPU, while nothing pinned them, is noted: its
+/// wake-ups were switches on one CPU, not signals to another.
+pub const SHARED_CPU_NOTED: f64 = 0.1;
+
 /// A limit beside a figure whose runs differ by more than this factor was
 /// measured in more than one of the machine's modes (docs/performance.md,
 /// "Method"): a ratio to its median says little. On this kind of machine a
@@ -147,6 +152,49 @@ impl Figure {
             // The likeliest mode of all: where the scheduler put the ends.
             text.push_str(" (--split-cpus or --one-cpu fix where the two ends run)");
         }
+        self.add_note(text);
+    }
+
+    /// Notes each limit beside this figure that ran with both ends on one
+    /// CPU in at least [`SHARED_CPU_NOTED`] of its exchanges, when nothing
+    /// pinned the processes: the scheduler put them together, and the
+    /// figure beside it may have run across the CPUs (docs/performance.md,
+    /// "Results").
+    pub fn note_shared_cpu(&mut self) {
+        if Placement::current() != Placement::Free {
+            return;
+        }
+        let shared: Vec<String> = self
+            .baselines
+            .iter()
+            .filter_map(|b| {
+                let share = b.shared_cpu.filter(|s| *s >= SHARED_CPU_NOTED)?;
+                Some(format!(
+                    "{}: {:.0}% of its exchanges",
+                    b.name,
+                    share * 100.0
+                ))
+            })
+            .collect();
+        if shared.is_empty() {
+            return;
+        }
+        let mut text = format!(
+            "both ends on one CPU (a wake-up there is a switch on that CPU, not a signal to the \
+             other): {}",
+            shared.join("; ")
+        );
+        if !self
+            .note
+            .as_ref()
+            .is_some_and(|n| n.contains("--split-cpus"))
+        {
+            text.push_str(" (--split-cpus puts every pair of ends on two CPUs)");
+        }
+        self.add_note(text);
+    }
+
+    fn add_note(&mut self, text: String) {
         self.note = Some(match self.note.take() {
             Some(note) => format!("{note}; {text}"),
             None => text,
@@ -227,6 +275,9 @@ pub struct Baseline {
     /// with the figure (every bare limit, and the first point of a sweep),
     /// the median of the runs' ratios; otherwise the ratio of the medians.
     pub ratio: Option<f64>,
+    /// For a socket ping-pong: the share of its exchanges made with both
+    /// ends on one CPU (the median over the runs).
+    pub shared_cpu: Option<f64>,
 }
 
 impl Baseline {
@@ -246,7 +297,13 @@ impl Baseline {
             unit,
             value,
             ratio,
+            shared_cpu: None,
         }
+    }
+
+    /// The same, with the share of its exchanges made on one CPU.
+    pub fn on_one_cpu(self, shared_cpu: Option<f64>) -> Baseline {
+        Baseline { shared_cpu, ..self }
     }
 
     /// A limit measured run for run beside `figure`: the ratio is the
@@ -364,6 +421,43 @@ mod tests {
         );
         // A limit of 0 (not measured in a run) is no mode.
         assert_eq!(with(vec![0.0, 74.0], None), None);
+    }
+
+    #[test]
+    fn limits_run_on_one_cpu_are_noted() {
+        // Unit tests run unpinned: the placement is the scheduler's.
+        assert_eq!(Placement::current(), Placement::Free);
+        let with = |shares: [Option<f64>; 2], note: Option<&str>| {
+            let mut f = Figure {
+                baselines: vec![
+                    Baseline::measured("shm ping-pong", "us", Stat::of(vec![0.5]), Some(1.0))
+                        .on_one_cpu(shares[0]),
+                    Baseline::measured("bare socket ping-pong", "us", Stat::of(vec![6.0]), None)
+                        .on_one_cpu(shares[1]),
+                ],
+                note: note.map(str::to_owned),
+                ..Figure::default()
+            };
+            f.note_shared_cpu();
+            f.note
+        };
+        assert_eq!(with([None, None], None), None);
+        assert_eq!(with([None, Some(0.0)], None), None);
+        assert_eq!(with([None, Some(0.09)], None), None);
+        let note = with([None, Some(0.97)], None).unwrap_or_default();
+        assert!(
+            note.contains("bare socket ping-pong: 97% of its exchanges"),
+            "{note}"
+        );
+        assert!(note.ends_with("(--split-cpus puts every pair of ends on two CPUs)"));
+        assert!(!note.contains("shm"), "{note}");
+        let note = with([Some(0.5), Some(1.0)], Some("earlier")).unwrap_or_default();
+        assert!(note.starts_with("earlier; both ends on one CPU"), "{note}");
+        assert!(note.contains("shm ping-pong: 50%"), "{note}");
+        assert!(note.contains("bare socket ping-pong: 100%"), "{note}");
+        // Said once is enough.
+        let note = with([None, Some(1.0)], Some("(--split-cpus or --one-cpu ...)"));
+        assert_eq!(note.unwrap_or_default().matches("--split-cpus").count(), 1);
     }
 
     #[test]

@@ -236,7 +236,10 @@ async fn transport_sections(
             figures.push(bench.rate(mode).await?);
             bench.progress.done_one();
         }
-        figures.iter_mut().for_each(Figure::note_unsteady_limits);
+        for f in &mut figures {
+            f.note_unsteady_limits();
+            f.note_shared_cpu();
+        }
         let runs_on = if mode.needs_broker() { &broker } else { &peer };
         sections.push(Section {
             transport,
