@@ -64,7 +64,7 @@ pub use error::{
     ReadMessageError, TimedOut, TryReadError, TryWriteError, WriteMessageError, WriteSomeError,
 };
 pub use pingpong::PingPong;
-pub use producer::{Producer, FRAGMENT_ROOM_MAX};
+pub use producer::{Producer, FRAGMENT_ROOM_MAX, STREAM_RECORD_MAX};
 pub use region::{
     Limits, Region, RingConfig, Side, DEFAULT_CAPACITY, DEFAULT_MAX_CAPACITY, MAX_CAPACITY,
     MIN_CAPACITY,

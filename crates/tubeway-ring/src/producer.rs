@@ -163,14 +163,17 @@ impl Producer {
         }
     }
 
-    /// Writes as much of `parts` as fits now as one record, for a byte
-    /// stream; returns the bytes written (0 only for empty `parts`, which
-    /// writes nothing). `Full` when not a byte fits.
+    /// Writes as much of `parts` as fits now as one record, at most
+    /// [`STREAM_RECORD_MAX`] bytes, for a byte stream; returns the bytes
+    /// written (0 only for empty `parts`, which writes nothing). `Full` when
+    /// not a byte fits.
     pub fn write_some(&mut self, parts: &[&[u8]]) -> Result<(usize, Wake), WriteSomeError> {
         if self.is_closed() {
             return Err(WriteSomeError::Closed);
         }
-        let len = parts::total_len(parts).min(self.max_record());
+        let len = parts::total_len(parts)
+            .min(self.max_record())
+            .min(STREAM_RECORD_MAX);
         if len == 0 {
             return Ok((0, Wake::None));
         }
@@ -397,6 +400,18 @@ fn reader_gone(ring: &Ring) -> bool {
 /// 10 GB/s frees it in 13 µs, well inside a writer's spin for room
 /// ([`DEFAULT_SPIN`](crate::DEFAULT_SPIN), 50 µs), whatever the ring's size.
 pub const FRAGMENT_ROOM_MAX: usize = 128 << 10;
+
+/// The most [`Producer::write_some`] puts in one record: as much as a writer
+/// waiting for room waits for. A reader releases room a whole record at a
+/// time, so a byte stream written in records of a megabyte or two made a
+/// writer that found the ring full wait for the reader to copy all of one
+/// (some 200 µs), longer than its spin for room, and sleep; the reader then
+/// emptied the ring while the writer woke. In records of at most this size,
+/// 200 MB messages over shm went from 0.57-0.62x of memcpy to 0.71x
+/// (docs/performance/investigations.md, "200 MB over shm on the second
+/// host: where the writer waits"). A byte stream has no use for larger
+/// records: its reader copies them out either way.
+pub const STREAM_RECORD_MAX: usize = FRAGMENT_ROOM_MAX;
 
 /// Bytes written between two looks at whether the ring is empty, to start
 /// again at the beginning of the data area (see [`Cursor::rewind`]).

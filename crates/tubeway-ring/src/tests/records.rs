@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use super::{header, pair, pattern};
 use crate::record::{self, FLAG_PADDING, FLAG_PUBLISHED};
 use crate::sync::Ordering;
-use crate::{ReadMessageError, TryWriteError, WaitStrategy, WriteSomeError};
+use crate::{ReadMessageError, TryWriteError, WaitStrategy, WriteSomeError, STREAM_RECORD_MAX};
 
 const WAIT: WaitStrategy = WaitStrategy::SpinPark {
     spin: Duration::from_micros(10),
@@ -256,6 +256,24 @@ fn write_some_writes_what_fits_as_one_record() {
     assert_eq!(p.read(), Some((data[..112].to_vec(), true)));
     // Nothing to write writes nothing.
     assert_eq!(p.tx.write_some(&[]).unwrap().0, 0);
+    assert_eq!(p.read(), None);
+}
+
+#[test]
+fn write_some_writes_records_of_a_stream_record_at_most() {
+    let mut p = pair(1 << 20);
+    let data = pattern(3, STREAM_RECORD_MAX * 2 + 100);
+    let mut at = 0;
+    while at < data.len() {
+        at += p.tx.write_some(&[&data[at..]]).unwrap().0;
+    }
+    for want in [
+        &data[..STREAM_RECORD_MAX],
+        &data[STREAM_RECORD_MAX..STREAM_RECORD_MAX * 2],
+        &data[STREAM_RECORD_MAX * 2..],
+    ] {
+        assert_eq!(p.read(), Some((want.to_vec(), true)));
+    }
     assert_eq!(p.read(), None);
 }
 

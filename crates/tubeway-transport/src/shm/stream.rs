@@ -47,6 +47,19 @@ const ROOM_SPIN: Duration = tubeway_ring::DEFAULT_SPIN;
 /// again.
 const SKIP_AFTER_EMPTY_SPIN: u32 = 15;
 
+/// Drops the first `n` bytes of `parts`: the index of the first part with
+/// bytes left, shortened by what of it was taken.
+fn advance(parts: &mut [&[u8]], mut n: usize) -> usize {
+    for (i, part) in parts.iter_mut().enumerate() {
+        if n < part.len() {
+            *part = part.get(n..).unwrap_or_default();
+            return i;
+        }
+        n -= part.len();
+    }
+    parts.len()
+}
+
 /// Builds both halves of one side of a connection.
 pub(crate) fn halves(
     sock: tokio::net::UnixStream,
@@ -356,7 +369,8 @@ impl ShmWriter {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Writes what fits now as one record; `WouldBlock` when nothing does.
+    /// Writes what fits now, in records of at most
+    /// [`tubeway_ring::STREAM_RECORD_MAX`]; `WouldBlock` when nothing does.
     pub(crate) fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         let mut w = self.lock();
         if w.announced {
@@ -369,15 +383,31 @@ impl ShmWriter {
             *slot = b;
             k += 1;
         }
-        match w.tx.write_some(parts.get(..k).unwrap_or_default()) {
-            // The doorbell, if the reader sleeps on it, was rung by the ring.
-            Ok((n, _)) => Ok(n),
-            Err(WriteSomeError::Full) => Err(io::ErrorKind::WouldBlock.into()),
-            Err(WriteSomeError::Closed) => Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "the shared-memory peer closed or died",
-            )),
-            Err(e) => Err(corrupt(e)),
+        let parts = parts.get_mut(..k).unwrap_or_default();
+        let (mut from, mut written) = (0, 0);
+        // Record after record while they fit: a frame larger than one goes
+        // now as far as the ring takes it, not a record now and the rest by
+        // a flusher that must be woken.
+        loop {
+            match w.tx.write_some(parts.get(from..).unwrap_or_default()) {
+                // The doorbell, if the reader sleeps on it, was rung by the
+                // ring.
+                Ok((0, _)) => return Ok(written),
+                Ok((n, _)) => {
+                    written += n;
+                    from += advance(parts.get_mut(from..).unwrap_or_default(), n);
+                }
+                Err(WriteSomeError::Full) if written > 0 => return Ok(written),
+                Err(WriteSomeError::Full) => return Err(io::ErrorKind::WouldBlock.into()),
+                Err(WriteSomeError::Closed) if written > 0 => return Ok(written),
+                Err(WriteSomeError::Closed) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::BrokenPipe,
+                        "the shared-memory peer closed or died",
+                    ))
+                }
+                Err(e) => return Err(corrupt(e)),
+            }
         }
     }
 
@@ -511,6 +541,41 @@ mod tests {
         assert!(w
             .poll_write_ready(&mut Context::from_waker(&waker))
             .is_ready());
+    }
+
+    /// A write larger than a record goes as far as the ring takes it, in
+    /// records of at most a stream record, its parts in order.
+    #[tokio::test]
+    async fn a_write_fills_the_ring_record_after_record() {
+        let region = Arc::new(Region::heap(&RingConfig::default().capacity(1 << 20)).unwrap());
+        let (a, b) = tokio::net::UnixStream::pair().unwrap();
+        let (mut r, _) = halves(a, region.clone(), Side::Creator).unwrap();
+        let (_, w) = halves(b, region, Side::Opener).unwrap();
+        let head: Vec<u8> = (0..100u8).collect();
+        let body: Vec<u8> = (0..700_000u32).map(|i| (i % 251) as u8).collect();
+        let n = w
+            .try_write_vectored(&[IoSlice::new(&head), IoSlice::new(&body)])
+            .unwrap();
+        // Half the ring is the largest record; the whole ring less what its
+        // headers and the word kept free take is what fits.
+        assert!(n > 1 << 19 && n < 1 << 20, "{n} bytes written");
+        let mut got = Vec::new();
+        while let Some(record) = r.rx.try_read().unwrap() {
+            assert!(record.len() <= tubeway_ring::STREAM_RECORD_MAX);
+            got.extend_from_slice(&record);
+            let _ = record.release();
+        }
+        let sent: Vec<u8> = head.iter().chain(&body).copied().take(n).collect();
+        assert!(got == sent, "{} bytes read for {n} written", got.len());
+        // The rest, once there is room.
+        let m = w
+            .try_write_vectored(&[IoSlice::new(body.get(n - 100..).unwrap())])
+            .unwrap();
+        assert_eq!(n + m, head.len() + body.len());
+        // A ring with no room at all says so.
+        while w.try_write_vectored(&[IoSlice::new(&body)]).is_ok() {}
+        let full = w.try_write_vectored(&[IoSlice::new(&body)]).unwrap_err();
+        assert_eq!(full.kind(), io::ErrorKind::WouldBlock);
     }
 
     /// Both ends of a connection: this side's reader, the peer's writer.
