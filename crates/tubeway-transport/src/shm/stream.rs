@@ -384,6 +384,7 @@ impl ShmWriter {
             k += 1;
         }
         let parts = parts.get_mut(..k).unwrap_or_default();
+        let total: usize = parts.iter().map(|p| p.len()).sum();
         let (mut from, mut written) = (0, 0);
         // Record after record while they fit: a frame larger than one goes
         // now as far as the ring takes it, not a record now and the rest by
@@ -392,9 +393,11 @@ impl ShmWriter {
             match w.tx.write_some(parts.get(from..).unwrap_or_default()) {
                 // The doorbell, if the reader sleeps on it, was rung by the
                 // ring.
-                Ok((0, _)) => return Ok(written),
                 Ok((n, _)) => {
                     written += n;
+                    if written == total || n == 0 {
+                        return Ok(written);
+                    }
                     from += advance(parts.get_mut(from..).unwrap_or_default(), n);
                 }
                 Err(WriteSomeError::Full) if written > 0 => return Ok(written),
