@@ -171,19 +171,57 @@ impl Producer {
         if self.is_closed() {
             return Err(WriteSomeError::Closed);
         }
-        let len = parts::total_len(parts)
-            .min(self.max_record())
-            .min(STREAM_RECORD_MAX);
-        if len == 0 {
+        let total = parts::total_len(parts);
+        if total == 0 {
             return Ok((0, Wake::None));
         }
-        match self.cursor.largest_fit(&self.ring, len as u64)? {
-            Some(slot) => {
-                let n = slot.len as usize;
-                Ok((n, self.commit(slot, parts, 0, 0)))
-            }
-            None => Err(WriteSomeError::Full),
+        self.write_record(parts, 0, total)?
+            .ok_or(WriteSomeError::Full)
+    }
+
+    /// [`write_some`](Self::write_some) record after record while they
+    /// fit: as much of `parts` as fits now, so that a writer of a byte
+    /// stream hands over at once what it can.
+    pub fn write_fitting(&mut self, parts: &[&[u8]]) -> Result<(usize, Wake), WriteSomeError> {
+        if self.is_closed() {
+            return Err(WriteSomeError::Closed);
         }
+        let total = parts::total_len(parts);
+        let (mut written, mut wake) = (0, Wake::None);
+        while written < total {
+            match self.write_record(parts, written, total) {
+                Ok(Some((n, w))) => {
+                    written += n;
+                    wake = wake.and(w);
+                }
+                Ok(None) => break,
+                // What was written stands; the next write reports it.
+                Err(_) if written > 0 => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if written == 0 && total > 0 {
+            return Err(WriteSomeError::Full);
+        }
+        Ok((written, wake))
+    }
+
+    /// One record of `parts` from `skip` on (of `total` bytes), as large as
+    /// fits up to [`STREAM_RECORD_MAX`]; `None` when not a byte fits.
+    fn write_record(
+        &mut self,
+        parts: &[&[u8]],
+        skip: usize,
+        total: usize,
+    ) -> Result<Option<(usize, Wake)>, Corrupt> {
+        let want = (total - skip).min(self.max_record()).min(STREAM_RECORD_MAX);
+        Ok(self
+            .cursor
+            .largest_fit(&self.ring, want as u64)?
+            .map(|slot| {
+                let n = slot.len as usize;
+                (n, self.commit(slot, parts, skip, 0))
+            }))
     }
 
     /// Writes `parts` as one message of any size, waiting for space with

@@ -260,13 +260,21 @@ fn write_some_writes_what_fits_as_one_record() {
 }
 
 #[test]
-fn write_some_writes_records_of_a_stream_record_at_most() {
+fn write_some_writes_one_record_of_a_stream_record_at_most() {
     let mut p = pair(1 << 20);
-    let data = pattern(3, STREAM_RECORD_MAX * 2 + 100);
-    let mut at = 0;
-    while at < data.len() {
-        at += p.tx.write_some(&[&data[at..]]).unwrap().0;
-    }
+    let data = pattern(3, STREAM_RECORD_MAX * 2);
+    assert_eq!(p.tx.write_some(&[&data]).unwrap().0, STREAM_RECORD_MAX);
+    assert_eq!(p.read(), Some((data[..STREAM_RECORD_MAX].to_vec(), true)));
+    assert_eq!(p.read(), None);
+}
+
+#[test]
+fn write_fitting_writes_record_after_record_while_they_fit() {
+    let mut p = pair(1 << 20);
+    let data = pattern(5, STREAM_RECORD_MAX * 2 + 100);
+    // All of it at once, split across the parts' boundary.
+    let (head, rest) = data.split_at(10);
+    assert_eq!(p.tx.write_fitting(&[head, rest]).unwrap().0, data.len());
     for want in [
         &data[..STREAM_RECORD_MAX],
         &data[STREAM_RECORD_MAX..STREAM_RECORD_MAX * 2],
@@ -275,6 +283,18 @@ fn write_some_writes_records_of_a_stream_record_at_most() {
         assert_eq!(p.read(), Some((want.to_vec(), true)));
     }
     assert_eq!(p.read(), None);
+    // More than the ring holds: as much as fits, then nothing.
+    let big = pattern(7, 2 << 20);
+    let n = p.tx.write_fitting(&[&big]).unwrap().0;
+    assert!((1 << 19..1 << 20).contains(&n), "{n} bytes written");
+    assert_eq!(p.tx.write_fitting(&[&big]), Err(WriteSomeError::Full));
+    let mut got = Vec::new();
+    while let Some((record, _)) = p.read() {
+        assert!(record.len() <= STREAM_RECORD_MAX);
+        got.extend(record);
+    }
+    assert!(got == big[..n], "{} bytes read for {n}", got.len());
+    assert_eq!(p.tx.write_fitting(&[]).unwrap().0, 0);
 }
 
 #[test]

@@ -47,19 +47,6 @@ const ROOM_SPIN: Duration = tubeway_ring::DEFAULT_SPIN;
 /// again.
 const SKIP_AFTER_EMPTY_SPIN: u32 = 15;
 
-/// Drops the first `n` bytes of `parts`: the index of the first part with
-/// bytes left, shortened by what of it was taken.
-fn advance(parts: &mut [&[u8]], mut n: usize) -> usize {
-    for (i, part) in parts.iter_mut().enumerate() {
-        if n < part.len() {
-            *part = part.get(n..).unwrap_or_default();
-            return i;
-        }
-        n -= part.len();
-    }
-    parts.len()
-}
-
 /// Builds both halves of one side of a connection.
 pub(crate) fn halves(
     sock: tokio::net::UnixStream,
@@ -383,34 +370,18 @@ impl ShmWriter {
             *slot = b;
             k += 1;
         }
-        let parts = parts.get_mut(..k).unwrap_or_default();
-        let total: usize = parts.iter().map(|p| p.len()).sum();
-        let (mut from, mut written) = (0, 0);
         // Record after record while they fit: a frame larger than one goes
         // now as far as the ring takes it, not a record now and the rest by
         // a flusher that must be woken.
-        loop {
-            match w.tx.write_some(parts.get(from..).unwrap_or_default()) {
-                // The doorbell, if the reader sleeps on it, was rung by the
-                // ring.
-                Ok((n, _)) => {
-                    written += n;
-                    if written == total || n == 0 {
-                        return Ok(written);
-                    }
-                    from += advance(parts.get_mut(from..).unwrap_or_default(), n);
-                }
-                Err(WriteSomeError::Full) if written > 0 => return Ok(written),
-                Err(WriteSomeError::Full) => return Err(io::ErrorKind::WouldBlock.into()),
-                Err(WriteSomeError::Closed) if written > 0 => return Ok(written),
-                Err(WriteSomeError::Closed) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::BrokenPipe,
-                        "the shared-memory peer closed or died",
-                    ))
-                }
-                Err(e) => return Err(corrupt(e)),
-            }
+        match w.tx.write_fitting(parts.get(..k).unwrap_or_default()) {
+            // The doorbell, if the reader sleeps on it, was rung by the ring.
+            Ok((n, _)) => Ok(n),
+            Err(WriteSomeError::Full) => Err(io::ErrorKind::WouldBlock.into()),
+            Err(WriteSomeError::Closed) => Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the shared-memory peer closed or died",
+            )),
+            Err(e) => Err(corrupt(e)),
         }
     }
 
