@@ -172,6 +172,14 @@ impl Ring {
         }
     }
 
+    /// Asks for the cache line at `pos` (a line's start) in this core's
+    /// cache, writable, ahead of the stores that will need it. A hint only:
+    /// nothing is read or written. Only where [`claims_lines`] says the CPU
+    /// can.
+    pub(crate) fn claim_line(&self, pos: u64) {
+        claim_line(self.at(pos, CACHE_LINE as u64));
+    }
+
     /// The `len` payload bytes at `pos`, borrowed in place.
     ///
     /// The caller owns `[pos, pos + len)`: a published, unreleased record of
@@ -201,3 +209,40 @@ fn demote_line(p: *const u8) {
 
 #[cfg(not(all(target_arch = "x86_64", not(loom))))]
 fn demote_line(_: *const u8) {}
+
+/// Whether this CPU has `prefetchw` (CPUID leaf 0x8000_0001, ECX bit 8),
+/// asked once per process: under a hypervisor `cpuid` traps. Without it
+/// the instruction's encoding is not a documented no-op, so it is not run.
+#[cfg(all(target_arch = "x86_64", not(loom)))]
+pub(crate) fn claims_lines() -> bool {
+    static HAS_PREFETCHW: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS_PREFETCHW.get_or_init(|| {
+        // Safe from Rust 1.87 on, an `unsafe fn` before (the MSRV is 1.82).
+        #[allow(unused_unsafe)]
+        // SAFETY: `cpuid` exists on every x86-64 CPU, and leaf 0x8000_0001
+        // with it (long mode is reported there).
+        let leaf = unsafe { std::arch::x86_64::__cpuid(0x8000_0001) };
+        leaf.ecx & (1 << 8) != 0
+    })
+}
+
+#[cfg(not(all(target_arch = "x86_64", not(loom))))]
+pub(crate) fn claims_lines() -> bool {
+    false
+}
+
+/// `prefetchw` of the line at `p`: the line comes to this core exclusive,
+/// the other cores' copies invalidated, so later stores into it need not
+/// wait for that.
+#[cfg(all(target_arch = "x86_64", not(loom)))]
+fn claim_line(p: *const u8) {
+    // SAFETY: a cache hint: it reads and writes no memory (a bad address
+    // does not even fault) and touches no register but its operand; only
+    // run where `claims_lines` found the instruction.
+    unsafe {
+        std::arch::asm!("prefetchw [{0}]", in(reg) p, options(nostack, preserves_flags, readonly))
+    };
+}
+
+#[cfg(not(all(target_arch = "x86_64", not(loom))))]
+fn claim_line(_: *const u8) {}
