@@ -353,6 +353,27 @@ fn a_message_larger_than_a_record_is_fragmented_and_reassembled() {
 }
 
 #[test]
+fn a_fragment_is_a_stream_record_at_most() {
+    // Largest record 512 KiB: the whole message fits in the ring at once,
+    // in fragments the size a writer of fragments waits for.
+    let mut p = pair(1 << 20);
+    let message = pattern(4, 600 << 10);
+    let _ = p.tx.write_message(&[&message], &WAIT, deadline()).unwrap();
+    let mut out = Vec::new();
+    let mut sizes = Vec::new();
+    while let Some((record, last)) = p.read() {
+        sizes.push(record.len());
+        out.extend(record);
+        if last {
+            break;
+        }
+    }
+    let max = STREAM_RECORD_MAX;
+    assert_eq!(sizes, [max, max, max, max, (600 << 10) - 4 * max]);
+    assert!(out == message);
+}
+
+#[test]
 fn read_message_reassembles_and_bounds_the_length() {
     let mut p = pair(1024);
     let big = pattern(9, 3000);
