@@ -217,7 +217,7 @@ fn demote_line(_: *const u8) {}
 pub(crate) fn claims_lines() -> bool {
     static HAS_PREFETCHW: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *HAS_PREFETCHW.get_or_init(|| {
-        // Safe from Rust 1.87 on, an `unsafe fn` before (the MSRV is 1.82).
+        // An `unsafe fn` in older Rust (the MSRV's), a safe one in newer.
         #[allow(unused_unsafe)]
         // SAFETY: `cpuid` exists on every x86-64 CPU, and leaf 0x8000_0001
         // with it (long mode is reported there).
