@@ -674,7 +674,7 @@ mod tests {
     /// Linux names the CPUID bit `claims_lines` reads `3dnowprefetch`.
     #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
     #[test]
-    fn lines_are_claimed_where_the_cpu_has_prefetchw() {
+    fn prefetchw_is_found_where_linux_reports_it() {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
         let flags = cpuinfo.lines().find(|l| l.starts_with("flags")).unwrap();
         let has = flags.split_whitespace().any(|f| f == "3dnowprefetch");
