@@ -209,6 +209,12 @@ impl Producer {
         Ok((written, wake))
     }
 
+    /// The most of `rest` bytes that one record of a byte stream or one
+    /// fragment takes: the largest record, at most [`STREAM_RECORD_MAX`].
+    fn record_len(&self, rest: usize) -> usize {
+        rest.min(self.max_record()).min(STREAM_RECORD_MAX)
+    }
+
     /// One record of `parts` from `skip` on (of `total` bytes), as large as
     /// fits up to [`STREAM_RECORD_MAX`]; `None` when not a byte fits.
     fn write_record(
@@ -217,7 +223,7 @@ impl Producer {
         skip: usize,
         total: usize,
     ) -> Result<Option<(usize, Wake)>, Corrupt> {
-        let want = (total - skip).min(self.max_record()).min(STREAM_RECORD_MAX);
+        let want = self.record_len(total - skip);
         Ok(self
             .cursor
             .largest_fit(&self.ring, want as u64)?
@@ -260,7 +266,7 @@ impl Producer {
         let mut written = 0;
         let mut wake = Wake::None;
         while written < total {
-            let want = (total - written).min(max).min(STREAM_RECORD_MAX);
+            let want = self.record_len(total - written);
             let least = want.min(self.fragment_room());
             let Some(slot) = self.wait_for_slot(least as u64, want as u64, strategy, deadline)?
             else {
