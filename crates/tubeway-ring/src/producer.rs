@@ -646,7 +646,7 @@ fn free_space(head: u64, tail: u64, capacity: u64) -> u64 {
 /// Checks a (head, tail) pair read from shared memory: head not past tail,
 /// at most a capacity apart, both on record boundaries.
 pub(crate) fn check_indices(head: u64, tail: u64, capacity: u64) -> Result<(), Corrupt> {
-    let aligned = head % record::ALIGN == 0 && tail % record::ALIGN == 0;
+    let aligned = head.is_multiple_of(record::ALIGN) && tail.is_multiple_of(record::ALIGN);
     if aligned && head <= tail && tail - head <= capacity {
         Ok(())
     } else {

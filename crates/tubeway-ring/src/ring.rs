@@ -110,7 +110,7 @@ impl Ring {
     #[cfg(loom)]
     fn word(&self, pos: u64) -> &AtomicU64 {
         assert!(
-            pos % record::HEADER == 0,
+            pos.is_multiple_of(record::HEADER),
             "record header misaligned at {pos}"
         );
         self.region.loom_word(&self.place, pos)

@@ -443,7 +443,7 @@ impl FrameReader {
             }
             // A look at the clock costs more than a look at a ring.
             spins = spins.wrapping_add(1);
-            if spins % SPINS_PER_CLOCK_CHECK != 0 {
+            if !spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) {
                 continue;
             }
             let now = Instant::now();
@@ -660,7 +660,14 @@ impl ThreadTurns {
     /// The time, read afresh every few polls.
     fn now(&self) -> Instant {
         match self.now.get() {
-            Some(t) if self.polls.get() % IN_TURN_POLLS_PER_CLOCK_CHECK != 0 => t,
+            Some(t)
+                if !self
+                    .polls
+                    .get()
+                    .is_multiple_of(IN_TURN_POLLS_PER_CLOCK_CHECK) =>
+            {
+                t
+            }
             _ => {
                 let t = Instant::now();
                 self.now.set(Some(t));

@@ -68,12 +68,12 @@ fn mb_per_sec(msgs: Option<&Stat>, payload: usize) -> Option<Stat> {
 pub fn size_label(n: usize) -> String {
     let n64 = n as u64;
     for (unit, div) in [("GB", 1_000_000_000u64), ("MB", 1_000_000), ("KB", 1000)] {
-        if n64 >= div && n64 % div == 0 {
+        if n64 >= div && n64.is_multiple_of(div) {
             return format!("{} {unit}", n64 / div);
         }
     }
     for (unit, div) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-        if n64 >= div && n64 % div == 0 {
+        if n64 >= div && n64.is_multiple_of(div) {
             return format!("{} {unit}", n64 / div);
         }
     }

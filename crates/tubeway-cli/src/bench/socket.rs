@@ -228,7 +228,7 @@ impl Write for Stream {
 /// 1024 polls (a clock read costs about as much as a poll).
 fn idle(polls: &mut u32, give_up: Instant) -> io::Result<()> {
     *polls = polls.wrapping_add(1);
-    if *polls % 1024 == 0 && Instant::now() >= give_up {
+    if (*polls).is_multiple_of(1024) && Instant::now() >= give_up {
         return Err(io::ErrorKind::TimedOut.into());
     }
     std::hint::spin_loop();

@@ -112,7 +112,7 @@ pub(crate) fn reregister(mut r: ShmReader, w: ShmWriter) -> io::Result<(ShmReade
 /// whether the peer is gone: `WouldBlock`.
 fn found_nothing(idle_polls: &mut u32, waiter: &Waiter) -> io::Error {
     *idle_polls = idle_polls.wrapping_add(1);
-    if *idle_polls % HANG_UP_CHECK_EVERY == 0 {
+    if (*idle_polls).is_multiple_of(HANG_UP_CHECK_EVERY) {
         // Marks the rings closed if the peer is gone; the next read sees it.
         waiter.drain();
     }
