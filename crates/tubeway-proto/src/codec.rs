@@ -435,11 +435,12 @@ fn decode_header(mut h: &[u8], payload: Bytes) -> Result<Box<Message>, DecodeErr
     h.copy_to_slice(&mut id);
     let timestamp = h.get_u64_le();
 
-    let mut msg = Box::new(Message::with_identity(
-        r#type,
-        Uuid::from_bytes(id),
-        timestamp,
-    ));
+    // Allocated first and written in place: a message made on the stack and
+    // then boxed is copied whole, from stores not yet in the cache.
+    let mut msg = Box::write(
+        Box::new_uninit(),
+        Message::with_identity(r#type, Uuid::from_bytes(id), timestamp),
+    );
     msg.oneway = bits & BIT_ONEWAY != 0;
     msg.durable = bits & BIT_DURABLE != 0;
     msg.response_status = response_status;

@@ -258,6 +258,7 @@ impl fmt::Debug for Message {
 
 impl Message {
     /// A new message of `type` with a fresh id, the current timestamp and no payload.
+    #[inline]
     pub fn new(r#type: MessageType) -> Self {
         Message::with_identity(r#type, crate::id::fresh(), now_millis())
     }
@@ -265,6 +266,7 @@ impl Message {
     /// A message of `type` with the given id and timestamp and nothing else:
     /// what the decoder starts from, without drawing an id or reading the
     /// clock for values it then overwrites.
+    #[inline]
     pub(crate) fn with_identity(r#type: MessageType, id: Uuid, timestamp: u64) -> Self {
         Message {
             id,
@@ -287,6 +289,7 @@ impl Message {
     }
 
     /// A `request` (function call) message with no payload yet.
+    #[inline]
     pub fn request() -> Self {
         Message::new(MessageType::Request)
     }
@@ -307,8 +310,18 @@ impl Message {
     /// A message with a binary payload. Without a `mimetype` none is written:
     /// a receiver reads a non-empty payload with no mimetype as
     /// `application/octet-stream` (docs/protocol.md, section 10).
+    #[inline]
     pub fn binary(data: impl Into<Bytes>, mimetype: Option<&str>) -> Self {
-        Message::request().with_binary(data, mimetype)
+        // One literal, made where the caller keeps it. Through a builder or
+        // a local the message would be copied whole, and such a copy reads
+        // back stores just made, which the CPU cannot forward to its wider
+        // loads: a stall per copy (see docs/performance/investigations.md,
+        // "Copies that read back fresh stores").
+        Message {
+            payload: data.into(),
+            payload_mimetype: mimetype.map(str::to_owned),
+            ..Message::request()
+        }
     }
 
     /// A message carrying structured data (maps, lists, numbers, strings,

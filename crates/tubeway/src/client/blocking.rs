@@ -842,9 +842,9 @@ impl Client {
 
     /// Calls `function`, giving up after `timeout`.
     pub fn send_timeout(&self, function: &str, msg: Message, timeout: Duration) -> Result<Message> {
-        let msg = function_call(function, msg, timeout);
-        let wait = self.inner.wait_for(msg.timeout);
-        let r = self.exchange(msg, wait)?;
+        let wait = self.inner.wait_for(Some(timeout));
+        // Made where `exchange` takes it (see `function_call`).
+        let r = self.exchange(function_call(function, msg, timeout), wait)?;
         if r.status().is_ok() {
             Ok(*r)
         } else {

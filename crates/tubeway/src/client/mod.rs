@@ -1129,12 +1129,17 @@ impl<'a> Started<'a> {
 }
 
 /// `msg` as a call of `function`, which the broker gives up after `timeout`.
-pub(crate) fn function_call(function: &str, mut msg: Message, timeout: Duration) -> Message {
-    // Set in place: a chain of builders may copy the whole message at each.
-    msg.r#type = MessageType::Request;
-    msg.destination = Some(function.to_owned());
-    msg.timeout = Some(timeout);
-    msg
+pub(crate) fn function_call(function: &str, msg: Message, timeout: Duration) -> Message {
+    // One literal, made where the caller keeps it. Changed in place and then
+    // passed on, the message would be copied whole right after those stores,
+    // a copy the CPU makes wait for them (the stores are narrower than its
+    // loads and cannot be forwarded).
+    Message {
+        r#type: MessageType::Request,
+        destination: Some(function.to_owned()),
+        timeout: Some(timeout),
+        ..msg
+    }
 }
 
 /// `msg` offered to `queue`, waiting at the broker up to `timeout` for room.
