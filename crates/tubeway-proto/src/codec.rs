@@ -436,7 +436,8 @@ fn decode_header(mut h: &[u8], payload: Bytes) -> Result<Box<Message>, DecodeErr
     let timestamp = h.get_u64_le();
 
     // Allocated first and written in place: a message made on the stack and
-    // then boxed is copied whole, from stores not yet in the cache.
+    // then boxed is copied whole right after the stores that made it, and
+    // the copy waits for them to reach the cache.
     let mut msg = Box::write(
         Box::new_uninit(),
         Message::with_identity(r#type, Uuid::from_bytes(id), timestamp),

@@ -659,15 +659,12 @@ impl ThreadTurns {
 
     /// The time, read afresh every few polls.
     fn now(&self) -> Instant {
+        let due = self
+            .polls
+            .get()
+            .is_multiple_of(IN_TURN_POLLS_PER_CLOCK_CHECK);
         match self.now.get() {
-            Some(t)
-                if !self
-                    .polls
-                    .get()
-                    .is_multiple_of(IN_TURN_POLLS_PER_CLOCK_CHECK) =>
-            {
-                t
-            }
+            Some(t) if !due => t,
             _ => {
                 let t = Instant::now();
                 self.now.set(Some(t));
