@@ -196,19 +196,46 @@ impl Ring {
     }
 }
 
-/// `cldemote` of the line at `p`: encoded among the hint no-ops, so older
-/// x86-64 CPUs skip it. Nothing to do elsewhere, nor under the model checker.
-#[cfg(all(target_arch = "x86_64", not(loom)))]
-fn demote_line(p: *const u8) {
-    // SAFETY: a cache hint: it reads and writes no memory (a bad address
-    // does not even fault) and touches no register but its operand.
-    unsafe {
-        std::arch::asm!("cldemote [{0}]", in(reg) p, options(nostack, preserves_flags, readonly))
+/// A cache hint on the line at `p`, `$insn` on x86-64 and nothing
+/// elsewhere, nor under the model checker: one audited `asm!` for each hint.
+macro_rules! cache_hint {
+    ($(#[$doc:meta])* $name:ident, $insn:literal) => {
+        $(#[$doc])*
+        #[cfg(all(target_arch = "x86_64", not(loom)))]
+        fn $name(p: *const u8) {
+            // SAFETY: a cache hint: it reads and writes no memory (a bad
+            // address does not even fault) and touches no register but its
+            // operand. One whose encoding is not a no-op on older CPUs is
+            // run only where the CPU reports it (see its documentation).
+            unsafe {
+                std::arch::asm!(
+                    concat!($insn, " [{0}]"),
+                    in(reg) p,
+                    options(nostack, preserves_flags, readonly)
+                )
+            };
+        }
+
+        #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+        fn $name(_: *const u8) {}
     };
 }
 
-#[cfg(not(all(target_arch = "x86_64", not(loom))))]
-fn demote_line(_: *const u8) {}
+cache_hint!(
+    /// `cldemote` of the line at `p`: encoded among the hint no-ops, so
+    /// older x86-64 CPUs skip it.
+    demote_line,
+    "cldemote"
+);
+
+cache_hint!(
+    /// `prefetchw` of the line at `p`: the line comes to this core
+    /// exclusive, the other cores' copies invalidated, so later stores into
+    /// it need not wait for that. Only where [`claims_lines`] found the
+    /// instruction.
+    claim_line,
+    "prefetchw"
+);
 
 /// Whether this CPU has `prefetchw` (CPUID leaf 0x8000_0001, ECX bit 8),
 /// asked once per process: under a hypervisor `cpuid` traps. Without it
@@ -230,19 +257,3 @@ pub(crate) fn claims_lines() -> bool {
 pub(crate) fn claims_lines() -> bool {
     false
 }
-
-/// `prefetchw` of the line at `p`: the line comes to this core exclusive,
-/// the other cores' copies invalidated, so later stores into it need not
-/// wait for that.
-#[cfg(all(target_arch = "x86_64", not(loom)))]
-fn claim_line(p: *const u8) {
-    // SAFETY: a cache hint: it reads and writes no memory (a bad address
-    // does not even fault) and touches no register but its operand; only
-    // run where `claims_lines` found the instruction.
-    unsafe {
-        std::arch::asm!("prefetchw [{0}]", in(reg) p, options(nostack, preserves_flags, readonly))
-    };
-}
-
-#[cfg(not(all(target_arch = "x86_64", not(loom))))]
-fn claim_line(_: *const u8) {}
